@@ -1,0 +1,95 @@
+"""The one exception tree shared by the daemon, the CLI and the client library.
+
+    EngramError                      base of everything raised on purpose
+    ├── CheckpointError              a checkpoint that cannot be loaded (names file and tensor)
+    ├── LayoutError                  config and tensors disagree, or a config is unusable
+    ├── TableFileError               a table file that is not complete, not ours, or damaged
+    ├── ShmSpaceError                not enough room in the shm dir to reserve the table
+    ├── ProtocolError                a message that does not follow docs/protocol.md
+    ├── RequestError                 the daemon answered a request with an error reply
+    │   ├── NotReadyError            no table is ready yet (state loading / failed)
+    │   └── UnknownClientError       the lease is unknown (expired, or a new daemon)
+    ├── DaemonUnavailableError       the daemon did not answer in time, or is gone
+    ├── EngramTimeoutError           a wait ran out; the message says what it waited for
+    ├── NotAttachedError             the client is closed or was never attached
+    ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
+    └── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+
+Each side maps lower-layer exceptions to these in one place and chains them with
+``raise ... from exc``.  Error replies carry ``name`` so the client can raise the
+same class the daemon raised.
+"""
+from __future__ import annotations
+
+
+class EngramError(Exception):
+    """Base of every error engramd and engram_client raise on purpose."""
+
+    code = "internal"
+
+
+class CheckpointError(EngramError):
+    code = "bad_checkpoint"
+
+
+class LayoutError(EngramError):
+    code = "bad_layout"
+
+
+class TableFileError(EngramError):
+    code = "bad_table_file"
+
+
+class ShmSpaceError(EngramError):
+    code = "shm_space"
+
+
+class ProtocolError(EngramError):
+    code = "bad_request"
+
+
+class RequestError(EngramError):
+    """The daemon answered with an error reply; ``code`` and ``name`` come from it."""
+
+    code = "request_failed"
+
+    def __init__(self, message: str, code: str | None = None, name: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.name = name or type(self).__name__
+
+
+class NotReadyError(RequestError):
+    code = "not_ready"
+
+
+class UnknownClientError(RequestError):
+    code = "unknown_client"
+
+
+class DaemonUnavailableError(EngramError):
+    code = "unavailable"
+
+
+class EngramTimeoutError(EngramError, TimeoutError):
+    code = "timeout"
+
+
+class NotAttachedError(EngramError):
+    code = "not_attached"
+
+
+class CudaRegistrationError(EngramError):
+    code = "cuda_registration"
+
+
+class IdsOutOfRangeError(EngramError, IndexError):
+    code = "ids_out_of_range"
+
+
+# Error replies name the class; the client turns the name back into the class.
+REPLY_ERRORS: dict[str, type[RequestError]] = {
+    "NotReadyError": NotReadyError,
+    "UnknownClientError": UnknownClientError,
+}

@@ -1,0 +1,78 @@
+"""The GPU lookup: gather packed rows through UVA and dequantize them, in Triton.
+
+Each program takes BLOCK_R ids.  An id outside [row_lo, row_hi) is never used as
+an address: its row is masked to zero and counted in ``bad_count``, which the
+caller turns into an error.  The arithmetic mirrors engram_client.dequant exactly
+(fp8 -> fp32, times a power of two built from the scale's bits, one rounding), so
+GPU and CPU give identical bits.
+
+The launcher checks everything the kernel assumes before it launches.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import EngramError
+
+OUT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+ID_DTYPES = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
+                   ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                   OUT_DTYPE: tl.constexpr):
+    pid = tl.program_id(0)
+    r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    in_call = r < n_ids
+    ids = tl.load(ids_ptr + r, mask=in_call, other=0).to(tl.int64)
+    valid = in_call & (ids >= row_lo) & (ids < row_hi)
+    bad = tl.sum((in_call & ~valid).to(tl.int32), axis=0)
+    if bad > 0:
+        tl.atomic_add(bad_ptr, bad)
+    base = tl.where(valid, ids - row_lo, 0) * ROW_BYTES
+    cols = tl.arange(0, HEAD_DIM)
+    w = tl.load(table_ptr + base[:, None] + cols[None, :], mask=valid[:, None], other=0)
+    s = tl.load(table_ptr + base[:, None] + HEAD_DIM + (cols // 32)[None, :], mask=valid[:, None], other=127)
+    values = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    s32 = s.to(tl.int32)
+    bits = tl.where(s32 == 0, 0x00400000, tl.where(s32 == 255, 0x7FC00000, s32 << 23))
+    out = values * bits.to(tl.float32, bitcast=True)
+    tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=in_call[:, None])
+
+
+def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
+                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16) -> None:
+    """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi)."""
+    device = table.device
+    if device.type != "cuda":
+        raise EngramError(f"lookup kernel needs a CUDA table view, got {device}")
+    for name, tensor in (("ids", ids), ("out", out), ("bad_count", bad_count)):
+        if tensor.device != device:
+            raise EngramError(f"{name} is on {tensor.device}, the table view is on {device}")
+        if not tensor.is_contiguous():
+            raise EngramError(f"{name} must be contiguous")
+    if table.dtype != torch.uint8 or table.dim() != 1:
+        raise EngramError("table view must be a 1-D uint8 tensor")
+    if table.numel() < (row_hi - row_lo) * row_bytes:
+        raise EngramError(f"table view of {table.numel()} bytes is shorter than rows [{row_lo}, {row_hi})")
+    if ids.dtype not in ID_DTYPES:
+        raise EngramError(f"ids must be int32 or int64, got {ids.dtype}")
+    if out.dtype not in OUT_DTYPES:
+        raise EngramError(f"out dtype must be bfloat16 or float32, got {out.dtype}")
+    if out.shape != (ids.numel(), head_dim):
+        raise EngramError(f"out has shape {tuple(out.shape)}, expected ({ids.numel()}, {head_dim})")
+    if bad_count.dtype != torch.int32 or bad_count.numel() != 1:
+        raise EngramError("bad_count must be one int32")
+    if head_dim % 32 or head_dim & (head_dim - 1):
+        raise EngramError(f"head_dim {head_dim} must be a power of two and a multiple of 32 for this kernel")
+    if row_bytes != head_dim + head_dim // 32:
+        raise EngramError(f"row_bytes {row_bytes} does not match head_dim {head_dim} packed with its scales")
+    n = ids.numel()
+    if n == 0:
+        return
+    grid = (triton.cdiv(n, block_rows),)
+    _lookup_kernel[grid](table, ids, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes, HEAD_DIM=head_dim,
+                         BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype], num_warps=4)

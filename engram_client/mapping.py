@@ -1,0 +1,52 @@
+"""A read-only, shared mapping of a table file, made with mmap(2) directly.
+
+Python's mmap cannot be closed while a buffer export lives and cannot hand out a
+writable-looking buffer of a PROT_READ mapping, which torch wants; a mapping made
+through libc has neither problem.  The pages are PROT_READ: a stray write from a
+rank faults in that rank instead of corrupting the table every rank shares.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+
+import torch
+
+from .errors import TableFileError
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class ReadOnlyMapping:
+    def __init__(self, path: str, nbytes: int):
+        self.path, self.nbytes = path, nbytes
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise TableFileError(f"{path}: cannot open table file: {exc.strerror}") from exc
+        try:
+            address = _libc.mmap(None, nbytes, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        finally:
+            os.close(fd)  # the mapping keeps the file alive, even once it is unlinked
+        if address in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            raise TableFileError(f"{path}: mmap of {nbytes} bytes failed: {os.strerror(err)}")
+        self.address = address
+
+    def tensor(self, offset: int, nbytes: int) -> torch.Tensor:
+        """A uint8 CPU tensor over [offset, offset + nbytes) of the mapping (no copy)."""
+        if offset < 0 or offset + nbytes > self.nbytes:
+            raise TableFileError(f"{self.path}: range [{offset}, {offset + nbytes}) outside the {self.nbytes}-byte mapping")
+        buffer = (ctypes.c_uint8 * nbytes).from_address(self.address + offset)
+        return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes)
+
+    def close(self) -> None:
+        if self.address is not None:
+            _libc.munmap(self.address, self.nbytes)
+            self.address = None

@@ -1,0 +1,126 @@
+"""Wire protocol between engramd and its clients: framing, envelopes, versions.
+
+The normative description is docs/protocol.md; this module is its code.  It is
+versioned apart from the packages: a different major version is refused, a higher
+minor version only adds fields, which readers ignore.
+
+    request   {"v": "1.0", "id": <int|str>, "op": <str>, "args": {..}}
+    reply ok  {"v": "1.0", "id": <echoed>, "ok": true,  "result": {..}}
+    reply err {"v": "1.0", "id": <echoed|null>, "ok": false,
+               "error": {"code": <str>, "name": <str>, "message": <str>}}
+    event     {"v": "1.0", "event": "state", "state": .., "generation": .., "boot_id": ..}
+
+One msgpack map per ZeroMQ frame (``raw=False``, never pickle).  Requests go to a
+ROUTER socket; a client may use DEALER (frames: [payload]) or REQ (frames: ["",
+payload]); replies mirror the framing they came with.  Events go out on a PUB
+socket whose endpoint the status reply names; polling ``status`` is always enough
+to learn readiness.
+
+This module must not import zmq's socket machinery or torch: the daemon, the CLI
+and the client all import it.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import msgpack
+
+from .errors import ProtocolError
+
+PROTOCOL_VERSION = (1, 0)
+VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
+# A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
+# every legitimate request is a few hundred bytes.
+MAX_REQUEST_BYTES = 64 * 1024
+OPERATIONS = ("attach", "heartbeat", "detach", "status", "stop")
+
+
+def pack(message: dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def unpack(frame: bytes) -> Any:
+    """Decode one frame; anything that is not a msgpack map raises ProtocolError."""
+    if len(frame) > MAX_REQUEST_BYTES:
+        raise ProtocolError(f"message of {len(frame)} bytes exceeds the {MAX_REQUEST_BYTES}-byte limit")
+    try:
+        message = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError(f"message must be a map, got {type(message).__name__}")
+    return message
+
+
+def check_version(message: dict[str, Any]) -> None:
+    version = message.get("v")
+    if not isinstance(version, str):
+        raise ProtocolError(f"message lacks a protocol version string 'v' (this side speaks {VERSION_STRING})")
+    major, _, minor = version.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ProtocolError(f"protocol version {version!r} is not MAJOR.MINOR")
+    if int(major) != PROTOCOL_VERSION[0]:
+        raise ProtocolError(f"protocol version {version} is not compatible with {VERSION_STRING} (major differs)")
+
+
+def request(op: str, request_id: int | str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"v": VERSION_STRING, "id": request_id, "op": op, "args": args or {}}
+
+
+def parse_request(message: dict[str, Any]) -> tuple[Any, str, dict[str, Any]]:
+    """Validate a decoded request; returns (id, op, args) or raises ProtocolError."""
+    check_version(message)
+    request_id = message.get("id")
+    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+        raise ProtocolError("request 'id' must be an integer or a string")
+    op = message.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("request 'op' must be a string")
+    if op not in OPERATIONS:
+        raise ProtocolError(f"unknown operation {op!r}; known: {', '.join(OPERATIONS)}")
+    args = message.get("args", {})
+    if not isinstance(args, dict):
+        raise ProtocolError(f"request 'args' must be a map, got {type(args).__name__}")
+    return request_id, op, args
+
+
+def ok_reply(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
+    return {"v": VERSION_STRING, "id": request_id, "ok": True, "result": result}
+
+
+def error_reply(request_id: Any, code: str, name: str, message: str) -> dict[str, Any]:
+    return {"v": VERSION_STRING, "id": request_id, "ok": False,
+            "error": {"code": code, "name": name, "message": message}}
+
+
+def state_event(state: str, generation: int, boot_id: str) -> dict[str, Any]:
+    return {"v": VERSION_STRING, "event": "state", "state": state, "generation": generation, "boot_id": boot_id}
+
+
+def default_endpoint() -> str:
+    """$ENGRAMD_SOCKET, else an ipc:// path in a per-user directory (created 0700)."""
+    explicit = os.environ.get("ENGRAMD_SOCKET")
+    if explicit:
+        return explicit
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    base = os.path.join(runtime_dir, "engramd") if runtime_dir else os.path.join(
+        tempfile.gettempdir(), f"engramd-{os.getuid()}")
+    return "ipc://" + os.path.join(base, "engramd.sock")
+
+
+def ipc_path(endpoint: str) -> str | None:
+    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+
+
+def pub_endpoint_for(endpoint: str) -> str:
+    """The PUB endpoint that goes with a request endpoint: '<path>.events' for ipc."""
+    path = ipc_path(endpoint)
+    if path is not None:
+        return f"ipc://{path}.events"
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        if port.isdigit():
+            return f"tcp://{host}:{int(port) + 1}"
+    raise ProtocolError(f"cannot derive an events endpoint from {endpoint!r}; pass one explicitly")

@@ -1,0 +1,114 @@
+"""One layer's table as a rank sees it: exact lookups, synchronous or prefetched.
+
+On CPU the rows are read from the read-only mapping and dequantized in torch.  On
+CUDA they are read through UVA by the Triton kernel on the client's prefetch
+stream.  Either way an id outside the table (or outside the registered row range)
+is never read and raises IdsOutOfRangeError.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .dequant import dequantize_rows
+from .errors import EngramError, IdsOutOfRangeError
+from .layout import LayerLayout
+from .prefetch import PrefetchHandle
+
+
+@dataclass
+class EngramTable:
+    layout: LayerLayout
+    rows_view: torch.Tensor  # uint8 bytes of rows [row_lo, row_hi), CPU mapping or CUDA UVA view
+    row_lo: int
+    row_hi: int
+    device: torch.device
+    stream: "torch.cuda.Stream | None" = None
+    out_dtype: torch.dtype = torch.bfloat16
+    wait_timeout: float = 60.0
+
+    @property
+    def layer(self) -> int:
+        return self.layout.layer
+
+    @property
+    def num_rows(self) -> int:
+        return self.layout.rows
+
+    @property
+    def head_dim(self) -> int:
+        return self.layout.head_dim
+
+    @property
+    def head_sizes(self) -> tuple[int, ...]:
+        return self.layout.head_sizes
+
+    @property
+    def head_offsets(self) -> tuple[int, ...]:
+        return self.layout.head_offsets
+
+    @property
+    def row_range(self) -> tuple[int, int]:
+        return self.row_lo, self.row_hi
+
+    def _describe(self) -> str:
+        whole = (self.row_lo, self.row_hi) == (0, self.num_rows)
+        return f"layer {self.layer}'s rows [{self.row_lo}, {self.row_hi})" + ("" if whole else " (registered range)")
+
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"ids must be int32 or int64, got {ids.dtype}")
+
+    def _count_out_of_range(self, ids: torch.Tensor) -> int:
+        return int(((ids < self.row_lo) | (ids >= self.row_hi)).sum())
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """bf16 rows [*ids.shape, head_dim] on the client's device; blocks until they are there."""
+        return self.prefetch(ids).wait()
+
+    def prefetch(self, ids: torch.Tensor) -> PrefetchHandle:
+        """Start a lookup and return at once (on CUDA); ``wait()`` on the handle collects it."""
+        self._check_ids(ids)
+        shape = tuple(ids.shape)
+        flat = ids.reshape(-1)
+        if flat.device.type == "cpu":
+            bad = self._count_out_of_range(flat)  # cheap here, and the caller hears of it at once
+            if bad:
+                raise IdsOutOfRangeError(f"{bad} of {flat.numel()} ids are outside {self._describe()}; "
+                                         "their rows were not read")
+        if self.device.type == "cpu":
+            return self._cpu_lookup(flat, shape)
+        return self._cuda_prefetch(flat, shape)
+
+    def _cpu_lookup(self, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
+        if flat.device.type != "cpu":
+            raise EngramError(f"ids are on {flat.device} but this client's device is cpu")
+        rows = self.rows_view.view(-1, self.layout.row_bytes)[flat.to(torch.int64) - self.row_lo]
+        out = dequantize_rows(rows, self.head_dim, self.out_dtype)
+        return PrefetchHandle(out, shape, self._describe())
+
+    def _cuda_prefetch(self, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
+        from .kernels.lookup import launch_lookup
+
+        caller = torch.cuda.current_stream(self.device)
+        if flat.device != self.device:
+            flat = flat.to(self.device, non_blocking=True)
+        flat = flat.contiguous()
+        # Allocated on the caller's stream, so the memory belongs to the consumer of the result.
+        out = torch.empty((flat.numel(), self.head_dim), dtype=self.out_dtype, device=self.device)
+        bad_host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self.stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
+        with torch.cuda.stream(self.stream):
+            bad_count = torch.zeros(1, dtype=torch.int32, device=self.device)
+            launch_lookup(self.rows_view, flat, out, bad_count, self.row_lo, self.row_hi,
+                          self.head_dim, self.layout.row_bytes)
+            bad_host.copy_(bad_count, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        flat.record_stream(self.stream)
+        out.record_stream(self.stream)
+        return PrefetchHandle(out, shape, self._describe(), event=event, bad_host=bad_host,
+                              keep_alive=(flat, bad_count), timeout=self.wait_timeout)

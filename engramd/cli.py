@@ -1,0 +1,216 @@
+"""The engramd command line: serve, status, stop, inspect, synth, demo.
+
+A stable contract for operators and scripts: ``status`` exits 0 iff the table is
+ready, 1 if the daemon answers but is not ready, 3 if no daemon answers; every
+other command exits non-zero with one ``error:`` line naming what is wrong.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+import click
+
+from engram_client.connection import DaemonConnection
+from engram_client.errors import DaemonUnavailableError, EngramError
+
+from . import __version__
+
+EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 3
+
+
+def _fail(message: str, code: int = 1):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _human_bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
+                             help="Daemon endpoint [default: $ENGRAMD_SOCKET or a per-user ipc:// path].")
+
+
+@click.group()
+@click.version_option(__version__, prog_name="engramd")
+def main() -> None:
+    """engramd: one Engram table per node, in /dev/shm, shared by every rank."""
+
+
+@main.command()
+@click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
+              help="Checkpoint directory; without it, the embedded demo table is served.")
+@socket_option
+@click.option("--events-socket", default=None, metavar="ENDPOINT", help="PUB endpoint [default: <socket>.events].")
+@click.option("--shm-dir", default="/dev/shm", show_default=True, type=click.Path(file_okay=False),
+              help="Where the table file lives (tmpfs, huge=always tmpfs or hugetlbfs).")
+@click.option("--load-threads", default=4, show_default=True, type=int, help="Parallel copy threads.")
+@click.option("--lease-seconds", default=10.0, show_default=True, type=float,
+              help="A client that sends no heartbeat for this long is dropped.")
+@click.option("--demo-vocab-size", default=None, type=int, help="Vocab size of the demo table [default: 2000].")
+@click.option("--demo-seed", default=0, show_default=True, type=int)
+@click.option("--progress/--no-progress", default=None, help="Progress bar while loading [default: on a terminal].")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seconds, demo_vocab_size, demo_seed,
+          progress, log_level) -> None:
+    """Load the table into the shm dir and serve it until stopped."""
+    from .config import ServeConfig
+    from .server import Server
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    kwargs = {} if demo_vocab_size is None else {"demo_vocab_size": demo_vocab_size}
+    try:
+        config = ServeConfig(checkpoint=checkpoint, endpoint=endpoint or "", events_endpoint=events_socket or "",
+                             shm_dir=shm_dir, load_threads=load_threads, lease_seconds=lease_seconds,
+                             demo_seed=demo_seed, progress_bar=sys.stderr.isatty() if progress is None else progress,
+                             **kwargs)
+        server = Server(config)
+    except EngramError as exc:
+        _fail(str(exc))
+    sys.exit(server.serve_forever())
+
+
+def _print_status(status: dict) -> None:
+    from .progress import render
+
+    click.echo(f"state       {status['state']}" + (f"  ({status['error']})" if status.get("error") else ""))
+    click.echo(f"generation  {status['generation']}   boot {status['boot_id']}   pid {status.get('pid')}")
+    click.echo(f"checkpoint  {status['checkpoint']}")
+    click.echo(f"table       {_human_bytes(status['table_bytes'])}  {status.get('table_path') or ''}")
+    for layer in status["layers"]:
+        click.echo(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
+                   f"{len(layer['head_sizes'])} heads")
+    if status["state"] == "loading":
+        click.echo("  " + render(status["load"]["done_bytes"], status["load"]["total_bytes"]))
+    click.echo(f"clients     {len(status['clients'])}")
+    for client in status["clients"]:
+        attached = time.strftime("%H:%M:%S", time.localtime(client["attached_at"]))
+        click.echo(f"  {client['id']:<14} pid {client['pid']:<8} {client['device']:<8} rank {client['rank']}  "
+                   f"attached {attached}")
+
+
+@main.command()
+@socket_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
+@click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
+              help="Wait up to this long for the table to be ready.")
+def status(endpoint, as_json, wait_s) -> None:
+    """Print the daemon's status; exit 0 iff its table is ready (1 not ready, 3 unreachable)."""
+    connection = DaemonConnection(endpoint)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                reply = connection.request("status", timeout=max(0.5, min(2.0, deadline - time.monotonic())))
+            except DaemonUnavailableError as exc:
+                reply, unreachable = None, exc
+            if (reply is not None and reply["state"] == "ready") or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        connection.close()
+    if reply is None:
+        _fail(str(unreachable), EXIT_UNREACHABLE)
+    if as_json:
+        click.echo(json.dumps(reply, indent=2, sort_keys=True))
+    else:
+        _print_status(reply)
+    sys.exit(0 if reply["state"] == "ready" else EXIT_NOT_READY)
+
+
+@main.command()
+@socket_option
+@click.option("--timeout", default=10.0, show_default=True, type=float, help="Seconds to wait for the daemon to exit.")
+def stop(endpoint, timeout) -> None:
+    """Ask the daemon to stop; returns once it no longer answers."""
+    connection = DaemonConnection(endpoint)
+    try:
+        connection.request("stop", timeout=5.0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                connection.request("status", timeout=0.5)
+            except DaemonUnavailableError:
+                click.echo("engramd stopped")
+                return
+            time.sleep(0.1)
+        _fail(f"engramd at {connection.endpoint} still answers {timeout:.0f} s after stop")
+    except EngramError as exc:
+        _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
+    finally:
+        connection.close()
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def inspect(checkpoint, as_json) -> None:
+    """Layout and table size of a checkpoint, from its headers alone."""
+    from engram_client.table_file import TableHeader
+
+    from .checkpoint import read_checkpoint
+
+    try:
+        plan = read_checkpoint(checkpoint)
+    except EngramError as exc:
+        _fail(str(exc))
+    header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation=1)
+    report = {"checkpoint": plan.directory, "fingerprint": plan.fingerprint, "table_bytes": header.total_bytes,
+              "files": list(plan.files), "layers": [layout.to_dict() for layout in plan.layouts]}
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"checkpoint  {plan.directory}")
+    click.echo(f"table       {_human_bytes(header.total_bytes)} ({header.total_bytes} bytes)")
+    for layout in plan.layouts:
+        click.echo(f"  layer {layout.layer:>3}: {layout.rows} rows x {layout.head_dim} "
+                   f"(+{layout.scale_cols} scale bytes), {len(layout.head_sizes)} heads")
+    click.echo(f"files       {len(plan.files)}")
+
+
+def _int_list(_ctx, _param, value: str) -> list[int]:
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from exc
+
+
+@main.command()
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--vocab-size", default=2000, show_default=True, type=int)
+@click.option("--layers", default="1,14", show_default=True, callback=_int_list)
+@click.option("--max-ngram", default=4, show_default=True, type=int)
+@click.option("--heads", default=8, show_default=True, type=int)
+@click.option("--head-dim", default=256, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--shards", default=1, show_default=True, type=int)
+def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) -> None:
+    """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout."""
+    from .synth import write_checkpoint
+
+    try:
+        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
+    except EngramError as exc:
+        _fail(str(exc))
+    click.echo(f"wrote {outdir}: layers {config['engram_layer_ids']}, rows {config['engram_num_embeddings']}")
+
+
+@main.command()
+@click.option("--ranks", default=None, type=int, help="Rank processes [default: one per GPU, else 2 CPU ranks].")
+@click.option("--device", "device_kind", default="auto", type=click.Choice(["auto", "cpu", "cuda"]), show_default=True)
+@click.option("--lookups", default=20, show_default=True, type=int, help="Lookups per rank.")
+@click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
+def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
+    """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
+    from .demo_job import run_demo
+
+    sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The daemon's settings: one dataclass, validated where it is built."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from engram_client.demo_rows import DEMO_VOCAB_SIZE
+from engram_client.errors import EngramError
+from engram_client.protocol import default_endpoint, pub_endpoint_for
+
+
+class ConfigError(EngramError):
+    code = "bad_config"
+
+
+@dataclass
+class ServeConfig:
+    checkpoint: str | None = None
+    endpoint: str = ""
+    events_endpoint: str = ""
+    shm_dir: str = "/dev/shm"
+    load_threads: int = 4
+    lease_seconds: float = 10.0
+    demo_vocab_size: int = DEMO_VOCAB_SIZE
+    demo_seed: int = 0
+    progress_bar: bool = False
+
+    def __post_init__(self) -> None:
+        self.endpoint = self.endpoint or default_endpoint()
+        if not self.endpoint.startswith(("ipc://", "tcp://", "inproc://")):
+            raise ConfigError(f"endpoint {self.endpoint!r} must start with ipc://, tcp:// or inproc://")
+        if self.endpoint.startswith("tcp://"):
+            # Unauthenticated TCP would let anyone on the network stop the daemon.
+            raise ConfigError(f"endpoint {self.endpoint!r}: TCP endpoints are refused; use an ipc:// path")
+        self.events_endpoint = self.events_endpoint or pub_endpoint_for(self.endpoint)
+        if self.checkpoint is not None:
+            self.checkpoint = os.path.abspath(self.checkpoint)
+            if not os.path.isdir(self.checkpoint):
+                raise ConfigError(f"--checkpoint {self.checkpoint}: no such directory")
+        self.shm_dir = os.path.abspath(self.shm_dir)
+        if not os.path.isdir(self.shm_dir):
+            raise ConfigError(f"--shm-dir {self.shm_dir}: no such directory")
+        if not 1 <= self.load_threads <= 256:
+            raise ConfigError(f"--load-threads must be 1..256, got {self.load_threads}")
+        if not 0.5 <= self.lease_seconds <= 3600:
+            raise ConfigError(f"--lease-seconds must be 0.5..3600, got {self.lease_seconds}")
+        if self.demo_vocab_size < 1:
+            raise ConfigError(f"--demo-vocab-size must be positive, got {self.demo_vocab_size}")

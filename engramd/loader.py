@@ -1,0 +1,137 @@
+"""Filling a reserved table file from its source, in parallel, with progress.
+
+A source fills rows [start, stop) of one layer into a packed destination array
+([n, row_bytes], uint8).  Two sources exist: a checkpoint (pread of each tensor's
+bytes into a per-thread buffer, then interleaved into the table) and the embedded
+demo.  Memory stays bounded by threads x chunk size, whatever the table's size:
+checkpoints are larger than RAM, so nothing is staged whole.
+
+Owns the copy; the table file's naming and publication belong to table_store.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engram_client.demo_rows import demo_rows
+from engram_client.errors import CheckpointError
+from engram_client.layout import LayerLayout
+from engram_client.table_file import TableHeader
+
+from .checkpoint import CheckpointPlan
+from .table_store import TableWriter
+
+CHUNK_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class Progress:
+    total_bytes: int = 0
+    done_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done_bytes += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"done_bytes": self.done_bytes, "total_bytes": self.total_bytes}
+
+
+class CheckpointSource:
+    def __init__(self, plan: CheckpointPlan):
+        self.plan = plan
+        self._fds: dict[str, int] = {}
+        self._local = threading.local()
+        self._layers = {layer.layout.layer: layer for layer in plan.layers}
+        for path in plan.files:
+            try:
+                self._fds[path] = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                self.close()
+                raise CheckpointError(f"{path}: cannot open: {exc.strerror}") from exc
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < nbytes:
+            buf = self._local.buf = np.empty(nbytes, dtype=np.uint8)
+        return buf[:nbytes]
+
+    def _pread(self, tensor, start_byte: int, out: np.ndarray) -> None:
+        fd, want, got = self._fds[tensor.path], out.size, 0
+        view = memoryview(out)
+        while got < want:
+            n = os.preadv(fd, [view[got:]], tensor.offset + start_byte + got)
+            if n == 0:
+                raise CheckpointError(f"{tensor.path}: tensor {tensor.name}: file ended while reading "
+                                      f"(truncated after inspection?)")
+            got += n
+
+    def fill(self, layout: LayerLayout, start: int, stop: int, dst: np.ndarray) -> None:
+        source, n = self._layers[layout.layer], stop - start
+        buf = self._buffer(n * layout.row_bytes)
+        weight = buf[:n * layout.head_dim]
+        scale = buf[n * layout.head_dim:]
+        self._pread(source.weight, start * layout.head_dim, weight)
+        self._pread(source.scale, start * layout.scale_cols, scale)
+        dst[:, :layout.head_dim] = weight.reshape(n, layout.head_dim)
+        dst[:, layout.head_dim:] = scale.reshape(n, layout.scale_cols)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class DemoSource:
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def fill(self, layout: LayerLayout, start: int, stop: int, dst: np.ndarray) -> None:
+        weight, scale = demo_rows(self.seed, layout.layer, np.arange(start, stop), layout.head_dim)
+        dst[:, :layout.head_dim] = weight
+        dst[:, layout.head_dim:] = scale
+
+    def close(self) -> None:
+        pass
+
+
+def fill_table(writer: TableWriter, source, progress: Progress, threads: int,
+               cancelled: threading.Event | None = None) -> None:
+    """Copy every layer's rows from ``source`` into ``writer``; raises the first error."""
+    header: TableHeader = writer.header
+    tasks = []
+    for entry in header.layers:
+        layout = entry.layout
+        rows_per_chunk = max(1, CHUNK_BYTES // layout.row_bytes)
+        for start in range(0, layout.rows, rows_per_chunk):
+            tasks.append((entry, start, min(layout.rows, start + rows_per_chunk)))
+    progress.total_bytes = sum(entry.nbytes for entry in header.layers)
+
+    def run(task) -> None:
+        entry, start, stop = task
+        if cancelled is not None and cancelled.is_set():
+            return
+        row_bytes = entry.layout.row_bytes
+        dst = np.frombuffer(writer.map, dtype=np.uint8, count=(stop - start) * row_bytes,
+                            offset=entry.offset + start * row_bytes).reshape(stop - start, row_bytes)
+        try:
+            source.fill(entry.layout, start, stop, dst)
+        finally:
+            del dst  # the mapping can only be closed once no array views it
+        progress.add((stop - start) * row_bytes)
+
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="engramd-load") as pool:
+        futures = [pool.submit(run, task) for task in tasks]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise

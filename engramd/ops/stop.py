@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+
+class Stop:
+    """Ask the daemon to stop once this reply is sent."""
+    name = "stop"
+
+    def execute(self, daemon, args):
+        daemon.stop_requested.set()
+        return {"stopping": True, "boot_id": daemon.boot_id}

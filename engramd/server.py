@@ -1,0 +1,194 @@
+"""The daemon's ZeroMQ front: a ROUTER for requests, a PUB for state events.
+
+One thread owns both sockets.  It polls with a short timeout so that leases
+expire, stop requests and signals are noticed, and state events queued by the
+load thread are published, even when no request arrives.  Every request gets
+exactly one reply; the mapping from exceptions to error replies happens here and
+nowhere else.  Frames that cannot be answered (no routing identity) are dropped.
+
+Owns the sockets and the socket files; the table belongs to daemon.py.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue
+import signal
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from engram_client import protocol
+from engram_client.errors import EngramError, ProtocolError
+
+from .config import ConfigError, ServeConfig
+from .daemon import LOADING, Daemon
+from .ops import OPERATIONS
+from .progress import ProgressBar
+
+log = logging.getLogger("engramd.server")
+POLL_MS = 100
+DRAIN_PER_POLL = 256  # answer at most this many requests before housekeeping runs again
+
+
+class EndpointLock:
+    """An flock beside an ipc socket: binding would silently steal a live daemon's path."""
+
+    def __init__(self, endpoint: str):
+        self.path = None
+        self.fd = -1
+        socket_path = protocol.ipc_path(endpoint)
+        if socket_path is None:
+            return
+        directory = os.path.dirname(socket_path) or "."
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.path = socket_path + ".lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self.fd)
+            raise ConfigError(f"another engramd is serving {endpoint} (lock {self.path} is held)") from exc
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.unlink(self.path)
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Server:
+    def __init__(self, config: ServeConfig):
+        # Exercise the serializer once so a broken msgpack fails at start, not at the first request.
+        assert_roundtrip = protocol.unpack(protocol.pack(protocol.request("status", 0)))
+        if assert_roundtrip.get("op") != "status":
+            raise ProtocolError("msgpack round-trip self-check failed")
+        self.config = config
+        self.lock = EndpointLock(config.endpoint)
+        self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.context = zmq.Context()
+        self.router = self.pub = None
+        try:
+            self.daemon = Daemon(config, on_state_change=self.events.put)
+            self.router = self._bind(zmq.ROUTER, config.endpoint)
+            self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
+            self.pub = self._bind(zmq.PUB, config.events_endpoint)
+        except BaseException:
+            self._close_sockets()
+            if hasattr(self, "daemon"):
+                self.daemon.shm.close()
+            self.lock.release()
+            raise
+        self.progress = ProgressBar(sys.stderr) if config.progress_bar else None
+
+    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        path = protocol.ipc_path(endpoint)
+        old_umask = os.umask(0o077)  # the socket file is created owner-only
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise ConfigError(f"cannot bind {endpoint}: {exc}") from exc
+        finally:
+            os.umask(old_umask)
+        if path is not None:
+            os.chmod(path, 0o600)
+        return sock
+
+    # -- request handling --------------------------------------------------------------
+    def handle(self, frames: list[bytes]) -> list[bytes] | None:
+        """One request's frames in, the reply's frames out (None: drop, cannot be answered)."""
+        if len(frames) < 2:
+            return None
+        identity, body = frames[0], frames[1:]
+        envelope = [identity]
+        if body[0] == b"" and len(body) >= 2:  # REQ framing: an empty delimiter first
+            envelope, body = [identity, b""], body[1:]
+        request_id = None
+        try:
+            if len(body) != 1:
+                raise ProtocolError(f"expected exactly one payload frame, got {len(body)}")
+            message = protocol.unpack(body[0])
+            request_id = message.get("id") if isinstance(message.get("id"), (int, str)) else None
+            request_id, op, args = protocol.parse_request(message)
+            reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args))
+        except EngramError as exc:
+            log.warning("refused request %r: %s: %s", request_id, type(exc).__name__, exc)
+            reply = protocol.error_reply(request_id, exc.code, type(exc).__name__, str(exc))
+        except Exception as exc:  # a bug in a handler must not take the daemon down
+            log.exception("request %r failed inside the daemon", request_id)
+            reply = protocol.error_reply(request_id, "internal", type(exc).__name__, f"internal error: {exc}")
+        return envelope + [protocol.pack(reply)]
+
+    def _drain(self) -> None:
+        for _ in range(DRAIN_PER_POLL):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            reply = self.handle(frames)
+            if reply is not None:
+                try:
+                    self.router.send_multipart(reply, zmq.NOBLOCK)
+                except zmq.ZMQError as exc:  # the peer went away or its queue is full
+                    log.warning("could not send a reply: %s", exc)
+
+    def _publish_events(self) -> None:
+        while True:
+            try:
+                state = self.events.get_nowait()
+            except queue.Empty:
+                return
+            event = protocol.state_event(state, self.daemon.generation, self.daemon.boot_id)
+            self.pub.send(protocol.pack(event))
+
+    # -- main loop ---------------------------------------------------------------------
+    def serve_forever(self) -> int:
+        def on_signal(signum, _frame):
+            log.info("received %s; stopping", signal.Signals(signum).name)
+            self.daemon.stop_requested.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            log.info("engramd serving %s (events %s), boot %s", self.config.endpoint,
+                     self.config.events_endpoint, self.daemon.boot_id)
+            self.daemon.start_load()
+            poller = zmq.Poller()
+            poller.register(self.router, zmq.POLLIN)
+            while not self.daemon.stop_requested.is_set():
+                if poller.poll(POLL_MS):
+                    self._drain()
+                self.daemon.expire_leases()
+                self._publish_events()
+                if self.progress is not None:
+                    self.progress.update(self.daemon.state == LOADING, self.daemon._progress.snapshot())
+            self.daemon.shutdown()
+            self._publish_events()
+            time.sleep(0.05)  # let the last 'stopping' event leave the PUB socket
+            return 0
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._close_sockets()
+            self.lock.release()
+            log.info("engramd stopped")
+
+    def _close_sockets(self) -> None:
+        for sock, endpoint in ((self.router, self.config.endpoint), (self.pub, self.config.events_endpoint)):
+            if sock is None:
+                continue
+            sock.close(linger=0)
+            path = protocol.ipc_path(endpoint)
+            if path is not None:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        self.context.term()

@@ -1,0 +1,176 @@
+"""Table files in the shm dir: naming, ownership, space, reservation, publication.
+
+Each daemon instance (one per request endpoint) owns the files named
+``engramd-<instance>-g<generation>.table`` and holds an exclusive ``flock`` on
+``engramd-<instance>.lock`` for as long as it lives.  At start a daemon removes
+every ``engramd-*`` table file whose owner's lock is free (that owner is dead),
+and never touches a file whose owner's lock is held.
+
+A table is written as ``<name>.partial`` with header state *writing*, then flushed,
+marked *complete* and renamed: its final name appears only when every byte is in
+place.  The whole file is reserved with fallocate before the first byte is
+written, so a tmpfs that fills up later can never SIGBUS a reader.
+
+Owns files in the shm dir whose names it made; must not touch anything else there.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import re
+from dataclasses import dataclass
+
+from engram_client.errors import ShmSpaceError, TableFileError
+from engram_client.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
+
+log = logging.getLogger("engramd.table_store")
+_TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)\.table(\.partial)?$")
+
+
+def instance_id(endpoint: str) -> str:
+    """A stable id per request endpoint, so a restarted daemon finds its own files."""
+    return hashlib.sha256(endpoint.encode()).hexdigest()[:12]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+class ShmDir:
+    """One daemon's view of its shm dir, holding the instance lock while open."""
+
+    def __init__(self, directory: str, instance: str, file_mode: int = 0o600):
+        self.directory = os.path.abspath(directory)
+        self.instance = instance
+        self.file_mode = file_mode
+        if not os.path.isdir(self.directory):
+            raise TableFileError(f"shm dir {self.directory} does not exist")
+        self.lock_path = os.path.join(self.directory, f"engramd-{instance}.lock")
+        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise TableFileError(f"another live engramd already owns {self.lock_path} "
+                                 f"(same endpoint and shm dir); stop it first") from exc
+        os.ftruncate(self._lock_fd, 0)
+        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            try:
+                os.unlink(self.lock_path)
+            except FileNotFoundError:
+                pass
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def table_path(self, generation: int) -> str:
+        return os.path.join(self.directory, f"engramd-{self.instance}-g{generation}.table")
+
+    def remove_orphans(self) -> list[str]:
+        """Remove table files whose owning daemon is dead (its lock is free); return their paths."""
+        removed = []
+        for name in sorted(os.listdir(self.directory)):
+            match = _TABLE_NAME.match(name)
+            if not match:
+                continue
+            owner = match.group(1)
+            if owner != self.instance and self._owner_alive(owner):
+                continue
+            path = os.path.join(self.directory, name)
+            try:
+                os.unlink(path)
+                removed.append(path)
+                log.info("removed table file %s left by a daemon that is gone", path)
+            except FileNotFoundError:
+                pass
+        return removed
+
+    def _owner_alive(self, owner: str) -> bool:
+        lock_path = os.path.join(self.directory, f"engramd-{owner}.lock")
+        try:
+            fd = os.open(lock_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        finally:
+            os.close(fd)
+        return False
+
+    def check_space(self, nbytes: int) -> None:
+        stat = os.statvfs(self.directory)
+        free = stat.f_bavail * stat.f_frsize
+        if free < nbytes:
+            raise ShmSpaceError(
+                f"shm dir {self.directory} has {_gib(free)} free but the table needs {_gib(nbytes)} "
+                f"({nbytes} bytes). Give it more: in Docker, --shm-size={-(-nbytes // 2**30) + 1}g or --ipc=host; "
+                f"in Kubernetes, a bigger memory-backed emptyDir; otherwise remount the tmpfs larger "
+                f"(mount -o remount,size=... {self.directory}) or point --shm-dir at a bigger tmpfs or hugetlbfs")
+
+    def create(self, header: TableHeader) -> "TableWriter":
+        self.check_space(header.total_bytes)
+        return TableWriter(self.table_path(header.generation), header, self.file_mode)
+
+
+@dataclass
+class TableWriter:
+    """A table being written: a reserved ``.partial`` file, mapped read-write."""
+    final_path: str
+    header: TableHeader
+    file_mode: int
+
+    def __post_init__(self) -> None:
+        self.partial_path = self.final_path + ".partial"
+        self.fd = os.open(self.partial_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, self.file_mode)
+        try:
+            os.fchmod(self.fd, self.file_mode)
+            os.ftruncate(self.fd, self.header.total_bytes)
+            try:
+                os.posix_fallocate(self.fd, 0, self.header.total_bytes)
+            except OSError as exc:
+                raise ShmSpaceError(f"cannot reserve {_gib(self.header.total_bytes)} for {self.partial_path}: "
+                                    f"{exc.strerror}") from exc
+            self.map = mmap.mmap(self.fd, self.header.total_bytes)
+        except BaseException:
+            self.abandon()
+            raise
+        self._write_header(STATE_WRITING)
+
+    def _write_header(self, state: int) -> None:
+        blob = self.header.encode(state)
+        self.map[:len(blob)] = blob
+
+    def publish(self) -> str:
+        """Flush the data, mark the header complete, and give the file its final name."""
+        self.map.flush()
+        self.map[STATE_OFFSET:STATE_OFFSET + 4] = STATE_COMPLETE.to_bytes(4, "little")
+        self.map.flush()
+        os.rename(self.partial_path, self.final_path)
+        self._release()
+        return self.final_path
+
+    def abandon(self) -> None:
+        """Drop a table that will not be completed; its file disappears."""
+        self._release()
+        try:
+            os.unlink(self.partial_path)
+        except FileNotFoundError:
+            pass
+
+    def _release(self) -> None:
+        if getattr(self, "map", None) is not None:
+            self.map.close()
+            self.map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
