@@ -50,13 +50,15 @@ def main() -> None:
 @click.option("--load-threads", default=4, show_default=True, type=int, help="Parallel copy threads.")
 @click.option("--lease-seconds", default=10.0, show_default=True, type=float,
               help="A client that sends no heartbeat for this long is dropped.")
+@click.option("--max-load-rate", default=None, type=float, metavar="MB_PER_S",
+              help="Cap the load's copy rate, to spare running engines' memory bandwidth [default: no cap].")
 @click.option("--demo-vocab-size", default=None, type=int, help="Vocab size of the demo table [default: 2000].")
 @click.option("--demo-seed", default=0, show_default=True, type=int)
 @click.option("--progress/--no-progress", default=None, help="Progress bar while loading [default: on a terminal].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seconds, demo_vocab_size, demo_seed,
-          progress, log_level) -> None:
+def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seconds, max_load_rate, demo_vocab_size,
+          demo_seed, progress, log_level) -> None:
     """Load the table into the shm dir and serve it until stopped."""
     from .config import ServeConfig
     from .server import Server
@@ -67,6 +69,7 @@ def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seco
     try:
         config = ServeConfig(checkpoint=checkpoint, endpoint=endpoint or "", events_endpoint=events_socket or "",
                              shm_dir=shm_dir, load_threads=load_threads, lease_seconds=lease_seconds,
+                             max_load_rate=None if max_load_rate is None else max_load_rate * 1e6,
                              demo_seed=demo_seed, progress_bar=sys.stderr.isatty() if progress is None else progress,
                              **kwargs)
         server = Server(config)

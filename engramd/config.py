@@ -24,6 +24,7 @@ class ServeConfig:
     demo_vocab_size: int = DEMO_VOCAB_SIZE
     demo_seed: int = 0
     progress_bar: bool = False
+    max_load_rate: float | None = None  # bytes per second; None loads as fast as the machine allows
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
@@ -44,5 +45,7 @@ class ServeConfig:
             raise ConfigError(f"--load-threads must be 1..256, got {self.load_threads}")
         if not 0.5 <= self.lease_seconds <= 3600:
             raise ConfigError(f"--lease-seconds must be 0.5..3600, got {self.lease_seconds}")
+        if self.max_load_rate is not None and self.max_load_rate <= 0:
+            raise ConfigError(f"--max-load-rate must be positive, got {self.max_load_rate}")
         if self.demo_vocab_size < 1:
             raise ConfigError(f"--demo-vocab-size must be positive, got {self.demo_vocab_size}")

@@ -87,7 +87,8 @@ class Daemon:
             writer = self.shm.create(header)
             log.info("loading %s into %s (%.2f GiB)", header.checkpoint, writer.partial_path, header.total_bytes / 2**30)
             started = time.monotonic()
-            fill_table(writer, source, self._progress, self.config.load_threads, self._cancel_load)
+            fill_table(writer, source, self._progress, self.config.load_threads, self._cancel_load,
+                       self.config.max_load_rate)
             if self._cancel_load.is_set():
                 raise EngramError("load cancelled by stop")
             path = writer.publish()

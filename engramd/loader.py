@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -101,9 +102,34 @@ class DemoSource:
         pass
 
 
+class RateLimit:
+    """Spaces chunk starts so the load averages at most ``bytes_per_s`` (None: no limit).
+
+    A load of hundreds of GiB next to running engines competes with them for memory
+    bandwidth; operators can cap it."""
+
+    def __init__(self, bytes_per_s: float | None):
+        self.bytes_per_s = bytes_per_s
+        self._next = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int, cancelled: threading.Event | None) -> None:
+        if not self.bytes_per_s:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + nbytes / self.bytes_per_s
+        if start > now and cancelled is not None:
+            cancelled.wait(start - now)
+        elif start > now:
+            time.sleep(start - now)
+
+
 def fill_table(writer: TableWriter, source, progress: Progress, threads: int,
-               cancelled: threading.Event | None = None) -> None:
+               cancelled: threading.Event | None = None, max_rate: float | None = None) -> None:
     """Copy every layer's rows from ``source`` into ``writer``; raises the first error."""
+    limit = RateLimit(max_rate)
     header: TableHeader = writer.header
     tasks = []
     for entry in header.layers:
@@ -118,6 +144,9 @@ def fill_table(writer: TableWriter, source, progress: Progress, threads: int,
         if cancelled is not None and cancelled.is_set():
             return
         row_bytes = entry.layout.row_bytes
+        limit.take((stop - start) * row_bytes, cancelled)
+        if cancelled is not None and cancelled.is_set():
+            return
         dst = np.frombuffer(writer.map, dtype=np.uint8, count=(stop - start) * row_bytes,
                             offset=entry.offset + start * row_bytes).reshape(stop - start, row_bytes)
         try:

@@ -74,7 +74,6 @@ class Server:
         try:
             self.daemon = Daemon(config, on_state_change=self.events.put)
             self.router = self._bind(zmq.ROUTER, config.endpoint)
-            self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
             self.pub = self._bind(zmq.PUB, config.events_endpoint)
         except BaseException:
             self._close_sockets()
@@ -89,6 +88,9 @@ class Server:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 1000)
         sock.setsockopt(zmq.RCVHWM, 1000)
+        if kind == zmq.ROUTER:
+            # Set before bind: the listener hands its options to each connection it accepts.
+            sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
         path = protocol.ipc_path(endpoint)
         old_umask = os.umask(0o077)  # the socket file is created owner-only
         try:
