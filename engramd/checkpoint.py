@@ -134,7 +134,10 @@ class _Finder:
                     if not isinstance(shard, str) or os.path.basename(shard) != shard:
                         raise CheckpointError(f"{self.directory}/{INDEX_NAME}: tensor {name} maps to {shard!r}, "
                                               "which is not a file name in the checkpoint directory")
-                    header = self.header(os.path.join(self.directory, shard))
+                    try:
+                        header = self.header(os.path.join(self.directory, shard))
+                    except CheckpointError as exc:
+                        raise CheckpointError(f"{exc} (index maps tensor {name} there)") from exc
                     if name not in header.entries:
                         raise CheckpointError(f"{header.path}: index says tensor {name} is here, but it is not")
                     return name, header

@@ -151,6 +151,10 @@ def fill_table(writer: TableWriter, source, progress: Progress, threads: int,
                             offset=entry.offset + start * row_bytes).reshape(stop - start, row_bytes)
         try:
             source.fill(entry.layout, start, stop, dst)
+        except Exception as exc:
+            # The traceback holds source.fill's frame and with it a view of the mapping,
+            # which would keep the table from being unmapped once the load has failed.
+            raise exc.with_traceback(None)
         finally:
             del dst  # the mapping can only be closed once no array views it
         progress.add((stop - start) * row_bytes)

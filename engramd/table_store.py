@@ -161,15 +161,18 @@ class TableWriter:
 
     def abandon(self) -> None:
         """Drop a table that will not be completed; its file disappears."""
-        self._release()
         try:
             os.unlink(self.partial_path)
         except FileNotFoundError:
             pass
+        self._release()
 
     def _release(self) -> None:
         if getattr(self, "map", None) is not None:
-            self.map.close()
+            try:
+                self.map.close()
+            except BufferError:  # a view still lives somewhere; the pages go when it does
+                log.error("table mapping of %s still has views; it is released when they are", self.final_path)
             self.map = None
         if self.fd >= 0:
             os.close(self.fd)

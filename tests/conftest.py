@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 
 from engram_client.connection import DaemonConnection
@@ -125,3 +126,40 @@ def demo_daemon(daemon_factory):
     daemon = daemon_factory("--lease-seconds", "1.5")
     daemon.wait_state("ready")
     return daemon
+
+
+SPECIAL_SCALES = [0, 1, 2, 63, 100, 126, 127, 128, 129, 200, 253, 254, 255]
+
+
+def write_special_checkpoint(directory: str) -> tuple[np.ndarray, np.ndarray]:
+    """A one-layer checkpoint whose rows hold every E4M3 byte (NaNs and subnormals too)
+    against every awkward UE8M0 scale (0 = 2^-127, 254 = 2^127 which overflows, 255 = NaN).
+    Written with the safetensors library; returns (weight, scale) as uint8 arrays."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    rows, head_dim = 307, 256  # 307 is the smallest prime >= the vocab size 300
+    weight = ((np.arange(head_dim)[None, :] + np.arange(rows)[:, None]) % 256).astype(np.uint8)
+    flat = np.arange(rows * head_dim // 32)
+    scale = np.array(SPECIAL_SCALES, dtype=np.uint8)[(flat * 5 + flat // 13) % len(SPECIAL_SCALES)]
+    scale = scale.reshape(rows, head_dim // 32)
+    os.makedirs(directory, exist_ok=True)
+    config = {"engram_layer_ids": [3], "engram_num_embeddings": rows, "engram_max_ngram_size": 2,
+              "engram_n_heads": 1, "engram_head_dim": head_dim, "engram_vocab_size": 300}
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_file({"layers.3.engram.embed.weight": torch.from_numpy(weight).view(torch.float8_e4m3fn),
+               "layers.3.engram.embed.scale": torch.from_numpy(scale).view(torch.float8_e8m0fnu)},
+              os.path.join(directory, "model.safetensors"))
+    return weight, scale
+
+
+@pytest.fixture
+def special_daemon(daemon_factory, tmp_path):
+    """A ready daemon serving the special-values checkpoint; returns (daemon, weight, scale)."""
+    weight, scale = write_special_checkpoint(str(tmp_path / "special"))
+    daemon = daemon_factory("--checkpoint", str(tmp_path / "special"))
+    daemon.wait_state("ready")
+    return daemon, weight, scale

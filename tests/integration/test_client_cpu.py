@@ -16,19 +16,8 @@ from safetensors import safe_open
 from engram_client import (EngramClient, EngramTimeoutError, IdsOutOfRangeError, NotAttachedError,
                            NotReadyError)
 from engram_client.demo_rows import demo_rows
-from engram_client.reference import reference_bf16_bits, same_bf16
 from engramd.synth import write_checkpoint
-
-
-def bits(out: torch.Tensor) -> np.ndarray:
-    return out.contiguous().view(torch.int16).numpy().view(np.uint16)
-
-
-def assert_exact(out: torch.Tensor, weight: np.ndarray, scale: np.ndarray) -> None:
-    expected = reference_bf16_bits(weight, scale)
-    actual = bits(out.reshape(-1, weight.shape[1]))
-    assert actual.shape == expected.shape
-    assert same_bf16(actual, expected).all(), f"{(~same_bf16(actual, expected)).sum()} values differ"
+from exactness import assert_bf16_exact, assert_float32_exact, bf16_bits
 
 
 def test_full_api_on_the_demo_table(demo_daemon):
@@ -47,7 +36,7 @@ def test_full_api_on_the_demo_table(demo_daemon):
             for dtype in (torch.int32, torch.int64):
                 out = table.lookup(torch.from_numpy(ids).to(dtype))
                 assert out.shape == (3, 5, 7, 256) and out.dtype == torch.bfloat16 and out.device.type == "cpu"
-                assert_exact(out, *demo_rows(0, layer, ids.reshape(-1), 256))
+                assert_bf16_exact(out, *demo_rows(0, layer, ids.reshape(-1), 256))
             handle = table.prefetch(torch.from_numpy(ids))
             first, second = handle.wait(), handle.wait()
             assert torch.equal(first.view(torch.int16), second.view(torch.int16))
@@ -73,7 +62,7 @@ def test_checkpoint_rows_match_the_safetensors_files(daemon_factory, tmp_path):
             scale = tensors[f"model.layers.{layer}.engram.embed.scale"].view(torch.uint8).numpy()
             ids = np.arange(table.num_rows)
             out = table.lookup(torch.from_numpy(ids))
-            assert_exact(out, weight[ids], scale[ids])
+            assert_bf16_exact(out, weight[ids], scale[ids])
 
 
 def test_out_of_range_ids_are_refused_with_their_count(demo_daemon):
@@ -93,7 +82,7 @@ def test_row_range_limits_lookups(demo_daemon):
         table = client.table(14)
         assert table.row_range == (100, 200)
         out = table.lookup(torch.arange(100, 200))
-        assert_exact(out, *demo_rows(0, 14, np.arange(100, 200), 256))
+        assert_bf16_exact(out, *demo_rows(0, 14, np.arange(100, 200), 256))
         with pytest.raises(IdsOutOfRangeError, match="registered range"):
             table.lookup(torch.tensor([99]))
     with pytest.raises(ValueError, match="not within"):
@@ -118,7 +107,7 @@ def test_lookups_survive_the_daemon_stopping(demo_daemon):
     assert demo_daemon.proc.wait(timeout=30) == 0
     assert not os.path.exists(path)
     ids = np.arange(50)
-    assert_exact(client.table(1).lookup(torch.from_numpy(ids)), *demo_rows(0, 1, ids, 256))
+    assert_bf16_exact(client.table(1).lookup(torch.from_numpy(ids)), *demo_rows(0, 1, ids, 256))
     started = time.monotonic()
     client.close()  # the daemon is gone: detach is bounded
     assert time.monotonic() - started < 10
@@ -204,4 +193,20 @@ def test_mapping_is_read_only(demo_daemon):
     assert proc.wait(timeout=30) == -signal.SIGSEGV
     ids = np.arange(10)
     with EngramClient(endpoint=demo_daemon.endpoint, device="cpu") as client:
-        assert_exact(client.table(1).lookup(torch.from_numpy(ids)), *demo_rows(0, 1, ids, 256))
+        assert_bf16_exact(client.table(1).lookup(torch.from_numpy(ids)), *demo_rows(0, 1, ids, 256))
+
+
+def test_every_fp8_byte_against_every_awkward_scale(special_daemon):
+    daemon, weight, scale = special_daemon
+    with EngramClient(endpoint=daemon.endpoint, device="cpu") as client:
+        table = client.table(3)
+        ids = np.arange(table.num_rows)
+        out = table.lookup(torch.from_numpy(ids))
+        assert_bf16_exact(out, weight, scale)
+        raw = bf16_bits(out)
+        assert ((raw & 0x7FFF) == 0x7F80).any(), "no overflow to inf was exercised"
+        assert (((raw & 0x7F80) == 0) & ((raw & 0x7F) != 0)).any(), "no bf16 subnormal was exercised"
+    with EngramClient(endpoint=daemon.endpoint, device="cpu", out_dtype=torch.float32) as client:
+        out32 = client.table(3).lookup(torch.from_numpy(ids))
+        assert_float32_exact(out32, weight, scale)
+

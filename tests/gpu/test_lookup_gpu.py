@@ -1,0 +1,157 @@
+"""engram_client on CUDA: registration, the Triton kernel's exactness, prefetch, sharing."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from engram_client import EngramClient, IdsOutOfRangeError
+from engram_client.demo_rows import demo_rows
+from exactness import assert_bf16_exact, assert_float32_exact
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("ids_on", ["cpu", "cuda"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_kernel_is_exact_on_every_dtype_path(special_daemon, id_dtype, ids_on, out_dtype):
+    daemon, weight, scale = special_daemon
+    with EngramClient(endpoint=daemon.endpoint, device="cuda:0", out_dtype=out_dtype) as client:
+        table = client.table(3)
+        rng = np.random.default_rng(0)
+        ids = np.concatenate([np.arange(table.num_rows), rng.integers(0, table.num_rows, 5000)])
+        out = table.lookup(torch.from_numpy(ids).to(id_dtype).to(ids_on))
+        assert out.device == client.device and out.dtype == out_dtype and out.shape == (ids.size, 256)
+        check = assert_bf16_exact if out_dtype == torch.bfloat16 else assert_float32_exact
+        check(out, weight[ids], scale[ids])
+
+
+def test_demo_table_exact_with_shaped_ids(demo_daemon):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+        for layer in client.layers:
+            table = client.table(layer)
+            ids = np.random.default_rng(layer).integers(0, table.num_rows, size=(4, 33, 24))
+            out = table.lookup(torch.from_numpy(ids).cuda())
+            assert out.shape == (4, 33, 24, 256)
+            assert_bf16_exact(out, *demo_rows(0, layer, ids.reshape(-1), 256))
+
+
+def test_out_of_range_ids_on_the_gpu_raise_at_wait(demo_daemon):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+        table = client.table(1)
+        ids = torch.tensor([0, -5, table.num_rows, 2**40, 7], device="cuda")
+        handle = table.prefetch(ids)  # ids live on the GPU: counted by the kernel, reported at wait
+        with pytest.raises(IdsOutOfRangeError, match="3 of 5 ids"):
+            handle.wait()
+        with pytest.raises(IdsOutOfRangeError):
+            handle.wait()
+        with pytest.raises(IdsOutOfRangeError, match="3 of 5"):
+            table.lookup(ids.cpu())
+        good = torch.arange(10, device="cuda")
+        assert_bf16_exact(table.lookup(good), *demo_rows(0, 1, np.arange(10), 256))
+
+
+def test_prefetch_on_a_non_default_stream_overlapping_work(demo_daemon):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+        table = client.table(14)
+        side = torch.cuda.Stream()
+        a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+        results = []
+        with torch.cuda.stream(side):
+            for step in range(8):
+                ids = torch.randint(0, table.num_rows, (6144,), device="cuda")  # produced on `side`
+                handle = table.prefetch(ids)
+                for _ in range(4):
+                    a = torch.tanh(a @ a)  # work that the lookup overlaps
+                out = handle.wait()
+                results.append((ids.cpu().numpy(), out.float().sum().item(), out))
+        torch.cuda.synchronize()
+        for ids, _, out in results:
+            assert_bf16_exact(out, *demo_rows(0, 14, ids, 256))
+        handles = [table.prefetch(torch.randint(0, table.num_rows, (1000,), device="cuda")) for _ in range(5)]
+        del handles  # dropped without wait: buffers stay alive until the kernels are done
+        torch.cuda.synchronize()
+
+
+def test_row_range_registration_on_gpu(demo_daemon):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", row_ranges={1: (1000, 5000)}) as client:
+        table = client.table(1)
+        ids = np.arange(1000, 5000)
+        assert_bf16_exact(table.lookup(torch.from_numpy(ids).cuda()), *demo_rows(0, 1, ids, 256))
+        with pytest.raises(IdsOutOfRangeError, match="registered range"):
+            table.lookup(torch.tensor([999], device="cuda"))
+
+
+RANK = textwrap.dedent("""
+    import os, sys, numpy as np, torch
+    sys.path.insert(0, sys.argv[4])
+    from engram_client import EngramClient
+    from engram_client.demo_rows import demo_rows
+    from exactness import assert_bf16_exact
+    client = EngramClient(endpoint=sys.argv[1], device=sys.argv[2], rank=int(sys.argv[3]))
+    for layer in client.layers:
+        ids = np.random.default_rng(int(sys.argv[3])).integers(0, client.table(layer).num_rows, 20000)
+        assert_bf16_exact(client.table(layer).lookup(torch.from_numpy(ids).to(client.device)),
+                          *demo_rows(0, layer, ids, 256))
+    path = client.status()["table_path"]
+    pss = 0
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            if "-" in line.split()[0] and len(line.split()) >= 5:
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Pss:"):
+                pss += int(line.split()[1]) * 1024
+    print("exact", pss, flush=True)
+    sys.stdin.read()
+""")
+
+
+def _ranks(endpoint: str, devices: list[str]) -> list[subprocess.Popen]:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [subprocess.Popen([sys.executable, "-c", RANK, endpoint, device, str(rank), here],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for rank, device in enumerate(devices)]
+
+
+def _shm_used(path: str) -> int:
+    stat = os.statvfs(path)
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+def _run_shared(daemon, devices: list[str]) -> dict:
+    table_bytes = daemon.status()["table_bytes"]
+    procs = _ranks(daemon.endpoint, devices)
+    try:
+        lines = [proc.stdout.readline().split() for proc in procs]
+        assert all(line and line[0] == "exact" for line in lines), lines
+        pss = [int(line[1]) for line in lines]
+        assert len(daemon.status()["clients"]) == len(devices)
+        record = {"ranks": len(devices), "table_bytes": table_bytes, "shm_used": _shm_used(daemon.shm_dir),
+                  "pss_per_rank": pss, "pss_sum": sum(pss)}
+        print("shared-table memory:", record)
+        # Registration pins every page, so each rank maps the whole table; PSS splits the
+        # shared pages between the ranks: together they account for one table, not N.
+        assert sum(pss) <= table_bytes * 1.05
+        assert sum(pss) >= table_bytes * 0.90
+        return record
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+
+
+def test_several_processes_on_one_gpu_share_one_table(demo_daemon):
+    _run_shared(demo_daemon, ["cuda:0"] * 4)
+
+
+def test_two_processes_on_two_gpus(demo_daemon):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-h200-x2)")
+    _run_shared(demo_daemon, ["cuda:0", "cuda:1"])
