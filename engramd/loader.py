@@ -1,7 +1,7 @@
 """Filling a reserved table file from its source, in parallel, with progress.
 
-A source fills rows [start, stop) of one layer into a packed destination array
-([n, row_bytes], uint8).  Two sources exist: a checkpoint (pread of each tensor's
+A source fills rows [start, stop) of one layer into a packed per-thread buffer
+([n, row_bytes], uint8) that the writer then puts in place.  Two sources exist: a checkpoint (pread of each tensor's
 bytes into a per-thread buffer, then interleaved into the table) and the embedded
 demo.  Memory stays bounded by threads x chunk size, whatever the table's size:
 checkpoints are larger than RAM, so nothing is staged whole.
@@ -44,6 +44,19 @@ class Progress:
             return {"done_bytes": self.done_bytes, "total_bytes": self.total_bytes}
 
 
+def interleave(dst: np.ndarray, weight: np.ndarray, scale: np.ndarray) -> None:
+    """dst[:, :d] = weight; dst[:, d:] = scale, moving the widest words all three allow.
+
+    Byte-wise, numpy copies the 8 scale bytes of each row in an inner loop of 8 and
+    runs at ~0.4 GB/s; as one uint64 per row the same copy is several times faster."""
+    word = next(w for w in (8, 4, 2, 1) if weight.shape[1] % w == 0 and scale.shape[1] % w == 0)
+    dtype = np.dtype(f"u{word}")
+    dst_words = dst.view(dtype)
+    cut = weight.shape[1] // word
+    dst_words[:, :cut] = weight.view(dtype)
+    dst_words[:, cut:] = scale.view(dtype)
+
+
 class CheckpointSource:
     def __init__(self, plan: CheckpointPlan):
         self.plan = plan
@@ -80,8 +93,7 @@ class CheckpointSource:
         scale = buf[n * layout.head_dim:]
         self._pread(source.weight, start * layout.head_dim, weight)
         self._pread(source.scale, start * layout.scale_cols, scale)
-        dst[:, :layout.head_dim] = weight.reshape(n, layout.head_dim)
-        dst[:, layout.head_dim:] = scale.reshape(n, layout.scale_cols)
+        interleave(dst, weight.reshape(n, layout.head_dim), scale.reshape(n, layout.scale_cols))
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -95,8 +107,7 @@ class DemoSource:
 
     def fill(self, layout: LayerLayout, start: int, stop: int, dst: np.ndarray) -> None:
         weight, scale = demo_rows(self.seed, layout.layer, np.arange(start, stop), layout.head_dim)
-        dst[:, :layout.head_dim] = weight
-        dst[:, layout.head_dim:] = scale
+        interleave(dst, weight, scale)
 
     def close(self) -> None:
         pass
@@ -139,6 +150,8 @@ def fill_table(writer: TableWriter, source, progress: Progress, threads: int,
             tasks.append((entry, start, min(layout.rows, start + rows_per_chunk)))
     progress.total_bytes = sum(entry.nbytes for entry in header.layers)
 
+    local = threading.local()
+
     def run(task) -> None:
         entry, start, stop = task
         if cancelled is not None and cancelled.is_set():
@@ -147,17 +160,13 @@ def fill_table(writer: TableWriter, source, progress: Progress, threads: int,
         limit.take((stop - start) * row_bytes, cancelled)
         if cancelled is not None and cancelled.is_set():
             return
-        dst = np.frombuffer(writer.map, dtype=np.uint8, count=(stop - start) * row_bytes,
-                            offset=entry.offset + start * row_bytes).reshape(stop - start, row_bytes)
-        try:
-            source.fill(entry.layout, start, stop, dst)
-        except Exception as exc:
-            # The traceback holds source.fill's frame and with it a view of the mapping,
-            # which would keep the table from being unmapped once the load has failed.
-            raise exc.with_traceback(None)
-        finally:
-            del dst  # the mapping can only be closed once no array views it
-        progress.add((stop - start) * row_bytes)
+        nbytes = (stop - start) * row_bytes
+        if getattr(local, "packed", None) is None or local.packed.size < nbytes:
+            local.packed = np.empty(nbytes, dtype=np.uint8)
+        packed = local.packed[:nbytes].reshape(stop - start, row_bytes)
+        source.fill(entry.layout, start, stop, packed)
+        writer.write(entry.offset + start * row_bytes, packed)
+        progress.add(nbytes)
 
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="engramd-load") as pool:
         futures = [pool.submit(run, task) for task in tasks]

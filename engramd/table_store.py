@@ -122,9 +122,25 @@ class ShmDir:
         return TableWriter(self.table_path(header.generation), header, self.file_mode)
 
 
+def is_hugetlbfs(path: str) -> bool:
+    """Whether ``path`` lies on a hugetlbfs mount (longest matching mount point wins)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) >= 3 and (directory == fields[1] or directory.startswith(fields[1].rstrip("/") + "/")):
+                    if len(fields[1]) > len(best):
+                        best, fstype = fields[1], fields[2]
+    except OSError:
+        return False
+    return fstype == "hugetlbfs"
+
+
 @dataclass
 class TableWriter:
-    """A table being written: a reserved ``.partial`` file, mapped read-write."""
+    """A table being written: a reserved ``.partial`` file."""
     final_path: str
     header: TableHeader
     file_mode: int
@@ -140,21 +156,31 @@ class TableWriter:
             except OSError as exc:
                 raise ShmSpaceError(f"cannot reserve {_gib(self.header.total_bytes)} for {self.partial_path}: "
                                     f"{exc.strerror}") from exc
-            self.map = mmap.mmap(self.fd, self.header.total_bytes)
+            # pwrite fills tmpfs ~14x faster than first-touch stores through a 4 KiB-page mapping
+            # (7.5 vs 0.54 GB/s measured); hugetlbfs has no write(2), so it is filled through a mapping.
+            self.map = mmap.mmap(self.fd, self.header.total_bytes) if is_hugetlbfs(self.final_path) else None
         except BaseException:
             self.abandon()
             raise
-        self._write_header(STATE_WRITING)
+        self.write(0, self.header.encode(STATE_WRITING))
 
-    def _write_header(self, state: int) -> None:
-        blob = self.header.encode(state)
-        self.map[:len(blob)] = blob
+    def write(self, offset: int, data) -> None:
+        """Write a bytes-like object at ``offset`` (thread-safe: positional writes only)."""
+        view = memoryview(data).cast("B")
+        if self.map is not None:
+            self.map[offset:offset + len(view)] = view
+            return
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
 
     def publish(self) -> str:
-        """Flush the data, mark the header complete, and give the file its final name."""
-        self.map.flush()
-        self.map[STATE_OFFSET:STATE_OFFSET + 4] = STATE_COMPLETE.to_bytes(4, "little")
-        self.map.flush()
+        """Mark the header complete once every byte is written, and give the file its final name."""
+        if self.map is not None:
+            self.map.flush()
+        self.write(STATE_OFFSET, STATE_COMPLETE.to_bytes(4, "little"))
+        if self.map is not None:
+            self.map.flush()
         os.rename(self.partial_path, self.final_path)
         self._release()
         return self.final_path
@@ -169,10 +195,7 @@ class TableWriter:
 
     def _release(self) -> None:
         if getattr(self, "map", None) is not None:
-            try:
-                self.map.close()
-            except BufferError:  # a view still lives somewhere; the pages go when it does
-                log.error("table mapping of %s still has views; it is released when they are", self.final_path)
+            self.map.close()
             self.map = None
         if self.fd >= 0:
             os.close(self.fd)

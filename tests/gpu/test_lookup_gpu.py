@@ -136,10 +136,13 @@ def _run_shared(daemon, devices: list[str]) -> dict:
         record = {"ranks": len(devices), "table_bytes": table_bytes, "shm_used": _shm_used(daemon.shm_dir),
                   "pss_per_rank": pss, "pss_sum": sum(pss)}
         print("shared-table memory:", record)
-        # Registration pins every page, so each rank maps the whole table; PSS splits the
-        # shared pages between the ranks: together they account for one table, not N.
-        assert sum(pss) <= table_bytes * 1.05
-        assert sum(pss) >= table_bytes * 0.90
+        # Registration pins every page of every layer, so each rank maps all the rows; PSS splits
+        # shared pages between the ranks: together they account for one table's rows, not N.
+        row_bytes = sum(layer["rows"] * (layer["head_dim"] + layer["head_dim"] // 32)
+                        for layer in daemon.status()["layers"])
+        assert table_bytes <= record["shm_used"] < 2 * table_bytes  # one table in /dev/shm
+        assert 0.98 * row_bytes <= sum(pss) <= table_bytes
+        assert max(pss) <= 1.1 * row_bytes / len(devices)
         return record
     finally:
         for proc in procs:
