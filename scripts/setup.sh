@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv (once) with the project and its test tools. On CPU machines torch is pinned to
+# 2.13.0, whose CPU wheel is on local disk here; on GPU machines install the project into an
+# environment that already has CUDA torch, Triton and cuda-bindings (pip install -e '.[gpu,test]').
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if .venv/bin/python -c "import engramd, engram_client, torch, zmq, pytest, hypothesis" 2>/dev/null; then
+  exit 0
+fi
+python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "engramd needs Python 3.11 or newer")'
+python3 -m venv .venv
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"
