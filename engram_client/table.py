@@ -27,6 +27,14 @@ class EngramTable:
     stream: "torch.cuda.Stream | None" = None
     out_dtype: torch.dtype = torch.bfloat16
     wait_timeout: float = 60.0
+    # "dedup": sort the ids, fetch each distinct row once in address order (neighbouring
+    # fetches share page-table walks; a row many ids want crosses PCIe once), copy repeats
+    # within GPU memory; "direct": fetch every id as given.  See docs/BENCHMARKS.md.
+    strategy: str = "dedup"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("dedup", "direct"):
+            raise ValueError(f"lookup strategy must be 'dedup' or 'direct', got {self.strategy!r}")
 
     @property
     def layer(self) -> int:
@@ -91,7 +99,7 @@ class EngramTable:
         return PrefetchHandle(out, shape, self._describe())
 
     def _cuda_prefetch(self, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
-        from .kernels.lookup import launch_lookup
+        from .kernels.lookup import launch_lookup, launch_lookup_dedup
 
         caller = torch.cuda.current_stream(self.device)
         if flat.device != self.device:
@@ -103,8 +111,9 @@ class EngramTable:
         self.stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
         with torch.cuda.stream(self.stream):
             bad_count = torch.zeros(1, dtype=torch.int32, device=self.device)
-            launch_lookup(self.rows_view, flat, out, bad_count, self.row_lo, self.row_hi,
-                          self.head_dim, self.layout.row_bytes)
+            launch = launch_lookup_dedup if self.strategy == "dedup" else launch_lookup
+            launch(self.rows_view, flat, out, bad_count, self.row_lo, self.row_hi, self.head_dim,
+                   self.layout.row_bytes)
             bad_host.copy_(bad_count, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)

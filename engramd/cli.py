@@ -215,5 +215,30 @@ def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
 
 
+@main.command()
+@socket_option
+@click.option("--table-gib", default=64.0, show_default=True, type=float,
+              help="Without --socket: start a daemon on a demo table of this size.")
+@click.option("--iterations", default=7, show_default=True, type=int)
+@click.option("--strategies", default="dedup,direct", show_default=True)
+@click.option("--load-threads", default=16, show_default=True, type=int)
+@click.option("--overlap-steps", default=10, show_default=True, type=int)
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
+def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, json_path) -> None:
+    """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
+    import torch
+
+    from .bench import main as run, print_table
+
+    if not torch.cuda.is_available():
+        _fail("engramd bench needs a CUDA device")
+    results = run(endpoint, table_gib, iterations, [s for s in strategies.split(",") if s], load_threads,
+                  overlap_steps)
+    print_table(results)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=2)
+
+
 if __name__ == "__main__":
     main()

@@ -43,9 +43,76 @@ def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
     tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=in_call[:, None])
 
 
-def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
-                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16) -> None:
-    """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi)."""
+@triton.jit
+def _lookup_sorted_kernel(table_ptr, sorted_ptr, perm_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
+                          ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                          OUT_DTYPE: tl.constexpr):
+    """Fetch each distinct id once, in address order; write it where its first occurrence goes."""
+    pid = tl.program_id(0)
+    r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    in_call = r < n_ids
+    ids = tl.load(sorted_ptr + r, mask=in_call, other=0).to(tl.int64)
+    prev = tl.load(sorted_ptr + r - 1, mask=in_call & (r > 0), other=0).to(tl.int64)
+    first = in_call & ((r == 0) | (ids != prev))
+    valid = in_call & (ids >= row_lo) & (ids < row_hi)
+    bad = tl.sum((in_call & ~valid).to(tl.int32), axis=0)
+    if bad > 0:
+        tl.atomic_add(bad_ptr, bad)
+    dest = tl.load(perm_ptr + r, mask=in_call, other=0).to(tl.int64)
+    fetch = first & valid
+    base = tl.where(fetch, ids - row_lo, 0) * ROW_BYTES
+    cols = tl.arange(0, HEAD_DIM)
+    w = tl.load(table_ptr + base[:, None] + cols[None, :], mask=fetch[:, None], other=0)
+    s = tl.load(table_ptr + base[:, None] + HEAD_DIM + (cols // 32)[None, :], mask=fetch[:, None], other=127)
+    values = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    s32 = s.to(tl.int32)
+    bits = tl.where(s32 == 0, 0x00400000, tl.where(s32 == 255, 0x7FC00000, s32 << 23))
+    out = values * bits.to(tl.float32, bitcast=True)
+    tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=first[:, None])
+
+
+@triton.jit
+def _copy_duplicates_kernel(sorted_ptr, perm_ptr, run_start_ptr, out_ptr, n_ids,
+                            HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Every repeated id copies its row, in GPU memory, from where its first occurrence went."""
+    pid = tl.program_id(0)
+    r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    in_call = r < n_ids
+    ids = tl.load(sorted_ptr + r, mask=in_call, other=0)
+    prev = tl.load(sorted_ptr + r - 1, mask=in_call & (r > 0), other=0)
+    dup = in_call & (r > 0) & (ids == prev)
+    start = tl.load(run_start_ptr + r, mask=dup, other=0)
+    src = tl.load(perm_ptr + start, mask=dup, other=0).to(tl.int64)
+    dest = tl.load(perm_ptr + r, mask=dup, other=0).to(tl.int64)
+    cols = tl.arange(0, HEAD_DIM)
+    v = tl.load(out_ptr + src[:, None] * HEAD_DIM + cols[None, :], mask=dup[:, None], other=0)
+    tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], v, mask=dup[:, None])
+
+
+def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
+                        row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16) -> None:
+    """Like launch_lookup, but each distinct id crosses PCIe once, in address order.
+
+    Sort, then fetch first occurrences, then copy repeats within HBM: every step has a size
+    known in advance, so nothing waits on the host (torch.unique would: its output size is
+    data-dependent)."""
+    _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
+    n = ids.numel()
+    if n == 0:
+        return
+    sorted_ids, perm = torch.sort(ids)
+    positions = torch.arange(n, device=ids.device)
+    is_first = torch.ones(n, dtype=torch.bool, device=ids.device)
+    is_first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    run_start = torch.cummax(positions * is_first, 0).values
+    grid = (triton.cdiv(n, block_rows),)
+    _lookup_sorted_kernel[grid](table, sorted_ids, perm, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes,
+                                HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype], num_warps=4)
+    _copy_duplicates_kernel[grid](sorted_ids, perm, run_start, out, n, HEAD_DIM=head_dim, BLOCK_R=block_rows,
+                                  num_warps=4)
+
+
+def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> None:
     device = table.device
     if device.type != "cuda":
         raise EngramError(f"lookup kernel needs a CUDA table view, got {device}")
@@ -70,6 +137,12 @@ def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad
         raise EngramError(f"head_dim {head_dim} must be a power of two and a multiple of 32 for this kernel")
     if row_bytes != head_dim + head_dim // 32:
         raise EngramError(f"row_bytes {row_bytes} does not match head_dim {head_dim} packed with its scales")
+
+
+def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
+                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16) -> None:
+    """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi)."""
+    _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
     n = ids.numel()
     if n == 0:
         return

@@ -20,9 +20,11 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("ids_on", ["cpu", "cuda"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_kernel_is_exact_on_every_dtype_path(special_daemon, id_dtype, ids_on, out_dtype):
+@pytest.mark.parametrize("strategy", ["dedup", "direct"])
+def test_kernel_is_exact_on_every_dtype_path(special_daemon, id_dtype, ids_on, out_dtype, strategy):
     daemon, weight, scale = special_daemon
-    with EngramClient(endpoint=daemon.endpoint, device="cuda:0", out_dtype=out_dtype) as client:
+    with EngramClient(endpoint=daemon.endpoint, device="cuda:0", out_dtype=out_dtype,
+                      lookup_strategy=strategy) as client:
         table = client.table(3)
         rng = np.random.default_rng(0)
         ids = np.concatenate([np.arange(table.num_rows), rng.integers(0, table.num_rows, 5000)])
@@ -42,16 +44,17 @@ def test_demo_table_exact_with_shaped_ids(demo_daemon):
             assert_bf16_exact(out, *demo_rows(0, layer, ids.reshape(-1), 256))
 
 
-def test_out_of_range_ids_on_the_gpu_raise_at_wait(demo_daemon):
-    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+@pytest.mark.parametrize("strategy", ["dedup", "direct"])
+def test_out_of_range_ids_on_the_gpu_raise_at_wait(demo_daemon, strategy):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_strategy=strategy) as client:
         table = client.table(1)
-        ids = torch.tensor([0, -5, table.num_rows, 2**40, 7], device="cuda")
+        ids = torch.tensor([0, -5, table.num_rows, 2**40, 7, -5], device="cuda")
         handle = table.prefetch(ids)  # ids live on the GPU: counted by the kernel, reported at wait
-        with pytest.raises(IdsOutOfRangeError, match="3 of 5 ids"):
+        with pytest.raises(IdsOutOfRangeError, match="4 of 6 ids"):  # a repeated bad id counts twice
             handle.wait()
         with pytest.raises(IdsOutOfRangeError):
             handle.wait()
-        with pytest.raises(IdsOutOfRangeError, match="3 of 5"):
+        with pytest.raises(IdsOutOfRangeError, match="4 of 6"):
             table.lookup(ids.cpu())
         good = torch.arange(10, device="cuda")
         assert_bf16_exact(table.lookup(good), *demo_rows(0, 1, np.arange(10), 256))

@@ -1,0 +1,214 @@
+"""`engramd bench`: lookup speed on the GPU against the naive baseline and the PCIe ceiling.
+
+For each call size (6,144 / 49,152 / 393,216 rows: decode of 256 tokens, prefill of
+2K and 16K tokens, 24 heads) and each id distribution (uniform; Zipf s=1.1 within
+each head), with fresh ids every iteration, one run times:
+  copy   a plain copy of the same number of bytes from the registered table: the ceiling;
+  naive  torch.index_select on UVA views of weight and scale, then dequantization in torch;
+  ours   engram_client's lookup (prefetch + wait), for each strategy asked for.
+Useful bytes are rows x 264 B whatever a method actually moves, so a method that fetches
+each distinct row once can deliver more useful bytes per second than the copy.
+It also measures how much a bf16 matmul loop on the main stream slows while lookups for
+the next step run on the prefetch stream.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from engram_client import EngramClient
+from engram_client.dequant import scale_factors
+
+SIZES = (6144, 49152, 393216)
+HEADS_PER_TOKEN = 24
+ZIPF_S = 1.1
+
+
+class IdSampler:
+    """Fresh ids per call: token t, head h -> a row of head h (uniform, or Zipf within the head).
+
+    Zipf ranks are mapped to rows by r -> (a*r + b) mod p, a bijection since head sizes are
+    prime: popular n-grams land at scattered rows, as hashing puts them."""
+
+    def __init__(self, table, device, max_cdf_rows: int = 1 << 24):
+        self.sizes = torch.tensor(table.head_sizes, device=device, dtype=torch.int64)
+        self.offsets = torch.tensor(table.head_offsets, device=device, dtype=torch.int64)
+        self.device = device
+        n = min(int(self.sizes.max()), max_cdf_rows)
+        weights = torch.arange(1, n + 1, device=device, dtype=torch.float64).pow(-ZIPF_S)
+        self.cdf = (weights.cumsum(0) / weights.sum()).to(torch.float64)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(1234)
+
+    def sample(self, rows: int, distribution: str) -> torch.Tensor:
+        heads = torch.arange(rows, device=self.device) % len(self.sizes)
+        size = self.sizes[heads]
+        if distribution == "uniform":
+            u = torch.rand(rows, device=self.device, dtype=torch.float64, generator=self.generator)
+            local = (u * size).long().clamp_(max=size - 1)
+        else:
+            u = torch.rand(rows, device=self.device, dtype=torch.float64, generator=self.generator)
+            rank = torch.searchsorted(self.cdf, u).clamp_(max=self.cdf.numel() - 1)
+            local = (rank * 2654435761 + 97) % size
+        return self.offsets[heads] + local
+
+
+def naive_lookup(weight_view: torch.Tensor, scale_view: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    w = torch.index_select(weight_view, 0, ids)
+    s = torch.index_select(scale_view, 0, ids)
+    values = w.view(torch.float8_e4m3fn).to(torch.float32)
+    n, d = values.shape
+    return (values.view(n, d // 32, 32) * scale_factors(s).unsqueeze(-1)).view(n, d).to(torch.bfloat16)
+
+
+def _time_ms(fn, stream) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record(stream)
+    fn()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _summary(samples: list[float]) -> dict:
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples)}
+
+
+def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_steps: int) -> dict:
+    device = torch.device("cuda", 0)
+    client = EngramClient(endpoint=endpoint, device=device, timeout=3600)
+    layer = client.layers[0]
+    tables = {s: replace(client.table(layer), strategy=s) for s in strategies}
+    table = tables[strategies[0]]
+    status = client.status()
+    rows_view = table.rows_view.view(-1, table.layout.row_bytes)
+    weight_view, scale_view = rows_view[:, :table.head_dim], rows_view[:, table.head_dim:]
+    row_bytes = table.layout.row_bytes
+    sampler = IdSampler(table, device)
+    stream = torch.cuda.current_stream(device)
+    results = {"table_bytes": status["table_bytes"], "layer": layer, "rows": table.num_rows,
+               "gpu": torch.cuda.get_device_name(device), "iterations": iterations, "cases": []}
+    flat_bytes = rows_view.view(-1)
+    for rows in SIZES:
+        for distribution in ("uniform", "zipf"):
+            nbytes = rows * row_bytes
+            samples = {"copy": [], "naive": [], **{f"ours:{s}": [] for s in strategies}}
+            distinct = []
+            dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            for it in range(iterations + 1):  # the first iteration warms up and is dropped
+                ids = sampler.sample(rows, distribution)
+                distinct.append(int(torch.unique(ids).numel()))
+                offset = int(torch.randint(0, flat_bytes.numel() - nbytes, (1,))) // 4096 * 4096
+                timings = {"copy": _time_ms(lambda: dst.copy_(flat_bytes[offset:offset + nbytes]), stream)}
+                timings["naive"] = _time_ms(lambda: naive_lookup(weight_view, scale_view, ids), stream)
+                for s in strategies:
+                    timings[f"ours:{s}"] = _time_ms(lambda: tables[s].prefetch(ids).wait(), stream)
+                if it == 0:
+                    reference = naive_lookup(weight_view, scale_view, ids)
+                    for s in strategies:
+                        out = tables[s].lookup(ids)
+                        if not torch.equal(out.view(torch.int16), reference.view(torch.int16)):
+                            raise RuntimeError(f"strategy {s} disagrees with the naive baseline")
+                    continue
+                for key, value in timings.items():
+                    samples[key].append(value)
+            case = {"rows": rows, "distribution": distribution, "useful_bytes": nbytes,
+                    "distinct_rows_median": statistics.median(distinct[1:]),
+                    **{key: _summary(v) for key, v in samples.items()}}
+            copy_ms = case["copy"]["median_ms"]
+            case["copy_GBps"] = nbytes / copy_ms / 1e6
+            for key in samples:
+                case[key]["useful_GBps"] = nbytes / case[key]["median_ms"] / 1e6
+                case[key]["vs_copy_time"] = case[key]["median_ms"] / copy_ms
+                case[key]["speedup_vs_naive"] = case["naive"]["median_ms"] / case[key]["median_ms"]
+            results["cases"].append(case)
+    results["overlap"] = measure_overlap(table, sampler, overlap_steps)
+    client.close()
+    return results
+
+
+def measure_overlap(table, sampler: IdSampler, steps: int) -> dict:
+    """Slowdown of a bf16 matmul loop while next-step lookups (16K-token prefill) run on the side."""
+    device = sampler.device
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    stream = torch.cuda.current_stream(device)
+    ids = [sampler.sample(SIZES[-1], "uniform") for _ in range(steps)]
+
+    def loop(with_lookups: bool) -> float:
+        """Main-stream time of the matmul loop; lookups (if any) are waited for only after it."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record(stream)
+        handles = []
+        for step in range(steps):
+            if with_lookups:
+                handles.append(table.prefetch(ids[step]))
+            for _ in range(4):
+                torch.matmul(a, b)
+        end.record(stream)
+        for handle in handles:
+            handle.wait()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    loop(False)
+    loop(True)
+    alone = [loop(False) for _ in range(5)]
+    together = [loop(True) for _ in range(5)]
+    per_step_alone = statistics.median(alone) / steps
+    return {"steps": steps, "matmuls_per_step": 4, "alone_ms": _summary(alone), "with_prefetch_ms": _summary(together),
+            "matmul_step_ms": per_step_alone,
+            "slowdown": statistics.median(together) / statistics.median(alone) - 1.0}
+
+
+def print_table(results: dict) -> None:
+    print(f"{results['gpu']}: layer {results['layer']} of a {results['table_bytes'] / 2**30:.1f} GiB table, "
+          f"median of {results['iterations']} iterations, fresh ids each")
+    keys = [k for k in results["cases"][0] if k in ("copy", "naive") or k.startswith("ours:")]
+    print(f"{'rows':>7} {'dist':<8} {'distinct':>8} " + " ".join(f"{k + ' ms':>16}" for k in keys)
+          + f" {'x naive':>8} {'/copy t':>8} {'useful GB/s':>11}")
+    for case in results["cases"]:
+        best = min((k for k in keys if k.startswith("ours:")), key=lambda k: case[k]["median_ms"])
+        cells = " ".join(f"{case[k]['median_ms']:7.3f} [{case[k]['min_ms']:.2f}-{case[k]['max_ms']:.2f}]"[:16].rjust(16)
+                         for k in keys)
+        print(f"{case['rows']:>7} {case['distribution']:<8} {case['distinct_rows_median']:>8.0f} {cells} "
+              f"{case[best]['speedup_vs_naive']:8.2f} {case[best]['vs_copy_time']:8.2f} "
+              f"{case[best]['useful_GBps']:11.1f}")
+    o = results["overlap"]
+    print(f"overlap: matmul loop {o['alone_ms']['median_ms']:.2f} ms alone, {o['with_prefetch_ms']['median_ms']:.2f} ms "
+          f"with 393,216-row lookups prefetched each step: slowdown {o['slowdown'] * 100:.1f}%")
+
+
+def start_daemon(table_gib: float, load_threads: int) -> tuple[subprocess.Popen, str, str]:
+    socket_dir = tempfile.mkdtemp(prefix="engramd-bench-")
+    shm_dir = tempfile.mkdtemp(prefix="engramd-bench-", dir="/dev/shm")
+    vocab = max(1000, int(table_gib * 2**30) // (2 * HEADS_PER_TOKEN * 264))
+    endpoint = f"ipc://{socket_dir}/engramd.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
+                             "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads),
+                             "--no-progress", "--log-level", "warning"])
+    return proc, endpoint, shm_dir
+
+
+def main(endpoint: str | None, table_gib: float, iterations: int, strategies: list[str], load_threads: int,
+         overlap_steps: int) -> dict:
+    proc = None
+    if endpoint is None:
+        proc, endpoint, _ = start_daemon(table_gib, load_threads)
+    try:
+        started = time.perf_counter()
+        results = run_bench(endpoint, iterations, strategies, overlap_steps)
+        results["seconds"] = time.perf_counter() - started
+        return results
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=120)
