@@ -119,7 +119,8 @@ def _wait_until_ready(connection: DaemonConnection, timeout: float) -> dict[str,
 class EngramClient:
     def __init__(self, endpoint: str | None = None, device: str | torch.device = "cuda:0", timeout: float = 60.0,
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
-                 out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "dedup"):
+                 out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
+                 lookup_max_programs: int | None = None):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -132,12 +133,13 @@ class EngramClient:
         self._state = _Attachment(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
-            self._attach(timeout, row_ranges or {}, rank, out_dtype, heartbeat, lookup_strategy)
+            self._attach(timeout, row_ranges or {}, rank, out_dtype, heartbeat,
+                         dict(strategy=lookup_strategy, max_programs=lookup_max_programs))
         except BaseException:
             self._finalizer()
             raise
 
-    def _attach(self, timeout, row_ranges, rank, out_dtype, heartbeat, strategy) -> None:
+    def _attach(self, timeout, row_ranges, rank, out_dtype, heartbeat, lookup_options) -> None:
         state = self._state
         _wait_until_ready(state.connection, timeout)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
@@ -165,7 +167,7 @@ class EngramClient:
             if self.device.type == "cuda":
                 view = self._register(view, start, nbytes)
             state.tables[layout.layer] = EngramTable(layout, view, lo, hi, self.device, stream, out_dtype,
-                                                     wait_timeout=timeout, strategy=strategy)
+                                                     wait_timeout=timeout, **lookup_options)
         self.layers = [entry.layout.layer for entry in header.layers]
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)

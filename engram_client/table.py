@@ -16,6 +16,11 @@ from .errors import EngramError, IdsOutOfRangeError
 from .layout import LayerLayout
 from .prefetch import PrefetchHandle
 
+STRATEGIES = ("auto", "dedup", "direct")
+# Measured on an H200 with a 64 GiB table (docs/BENCHMARKS.md): direct wins at 49,152 ids,
+# dedup at 393,216, for uniform and Zipf ids alike.
+DEDUP_MIN_ROWS = 131072
+
 
 @dataclass
 class EngramTable:
@@ -30,11 +35,17 @@ class EngramTable:
     # "dedup": sort the ids, fetch each distinct row once in address order (neighbouring
     # fetches share page-table walks; a row many ids want crosses PCIe once), copy repeats
     # within GPU memory; "direct": fetch every id as given.  See docs/BENCHMARKS.md.
-    strategy: str = "dedup"
+    # "auto" picks dedup from DEDUP_MIN_ROWS ids up, where sorting pays for itself.
+    strategy: str = "auto"
+    # Cap on the lookup kernels' programs: a bounded grid leaves most SMs to the model's
+    # kernels while a prefetch runs beside them.  None: one program per block of ids.
+    max_programs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("dedup", "direct"):
-            raise ValueError(f"lookup strategy must be 'dedup' or 'direct', got {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"lookup strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.max_programs is not None and self.max_programs < 1:
+            raise ValueError(f"max_programs must be positive or None, got {self.max_programs}")
 
     @property
     def layer(self) -> int:
@@ -111,9 +122,10 @@ class EngramTable:
         self.stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
         with torch.cuda.stream(self.stream):
             bad_count = torch.zeros(1, dtype=torch.int32, device=self.device)
-            launch = launch_lookup_dedup if self.strategy == "dedup" else launch_lookup
+            dedup = self.strategy == "dedup" or (self.strategy == "auto" and flat.numel() >= DEDUP_MIN_ROWS)
+            launch = launch_lookup_dedup if dedup else launch_lookup
             launch(self.rows_view, flat, out, bad_count, self.row_lo, self.row_hi, self.head_dim,
-                   self.layout.row_bytes)
+                   self.layout.row_bytes, max_programs=self.max_programs)
             bad_host.copy_(bad_count, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)

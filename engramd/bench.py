@@ -81,12 +81,14 @@ def _summary(samples: list[float]) -> dict:
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples)}
 
 
-def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_steps: int) -> dict:
+def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_steps: int,
+              max_programs: list[int | None]) -> dict:
     device = torch.device("cuda", 0)
     client = EngramClient(endpoint=endpoint, device=device, timeout=3600)
     layer = client.layers[0]
-    tables = {s: replace(client.table(layer), strategy=s) for s in strategies}
-    table = tables[strategies[0]]
+    tables = {f"{s}/p{mp or 'all'}": replace(client.table(layer), strategy=s, max_programs=mp)
+              for s in strategies for mp in max_programs}
+    table = client.table(layer)
     status = client.status()
     rows_view = table.rows_view.view(-1, table.layout.row_bytes)
     weight_view, scale_view = rows_view[:, :table.head_dim], rows_view[:, table.head_dim:]
@@ -99,7 +101,7 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
     for rows in SIZES:
         for distribution in ("uniform", "zipf"):
             nbytes = rows * row_bytes
-            samples = {"copy": [], "naive": [], **{f"ours:{s}": [] for s in strategies}}
+            samples = {"copy": [], "naive": [], **{f"ours:{s}": [] for s in tables}}
             distinct = []
             dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
             for it in range(iterations + 1):  # the first iteration warms up and is dropped
@@ -108,11 +110,11 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
                 offset = int(torch.randint(0, flat_bytes.numel() - nbytes, (1,))) // 4096 * 4096
                 timings = {"copy": _time_ms(lambda: dst.copy_(flat_bytes[offset:offset + nbytes]), stream)}
                 timings["naive"] = _time_ms(lambda: naive_lookup(weight_view, scale_view, ids), stream)
-                for s in strategies:
+                for s in tables:
                     timings[f"ours:{s}"] = _time_ms(lambda: tables[s].prefetch(ids).wait(), stream)
                 if it == 0:
                     reference = naive_lookup(weight_view, scale_view, ids)
-                    for s in strategies:
+                    for s in tables:
                         out = tables[s].lookup(ids)
                         if not torch.equal(out.view(torch.int16), reference.view(torch.int16)):
                             raise RuntimeError(f"strategy {s} disagrees with the naive baseline")
@@ -129,7 +131,8 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
                 case[key]["vs_copy_time"] = case[key]["median_ms"] / copy_ms
                 case[key]["speedup_vs_naive"] = case["naive"]["median_ms"] / case[key]["median_ms"]
             results["cases"].append(case)
-    results["overlap"] = measure_overlap(table, sampler, overlap_steps)
+    results["overlap"] = [dict(measure_overlap(replace(table, strategy="auto", max_programs=mp), sampler,
+                                                   overlap_steps), max_programs=mp) for mp in max_programs]
     client.close()
     return results
 
@@ -156,15 +159,19 @@ def measure_overlap(table, sampler: IdSampler, steps: int) -> dict:
         end.record(stream)
         for handle in handles:
             handle.wait()
+        done = torch.cuda.Event(enable_timing=True)
+        done.record(stream)
         torch.cuda.synchronize()
-        return start.elapsed_time(end)
+        return start.elapsed_time(end), start.elapsed_time(done)
 
     loop(False)
     loop(True)
-    alone = [loop(False) for _ in range(5)]
-    together = [loop(True) for _ in range(5)]
+    alone = [loop(False)[0] for _ in range(5)]
+    runs = [loop(True) for _ in range(5)]
+    together, finished = [r[0] for r in runs], [r[1] for r in runs]
     per_step_alone = statistics.median(alone) / steps
     return {"steps": steps, "matmuls_per_step": 4, "alone_ms": _summary(alone), "with_prefetch_ms": _summary(together),
+            "lookups_ms": _summary(finished),
             "matmul_step_ms": per_step_alone,
             "slowdown": statistics.median(together) / statistics.median(alone) - 1.0}
 
@@ -172,19 +179,18 @@ def measure_overlap(table, sampler: IdSampler, steps: int) -> dict:
 def print_table(results: dict) -> None:
     print(f"{results['gpu']}: layer {results['layer']} of a {results['table_bytes'] / 2**30:.1f} GiB table, "
           f"median of {results['iterations']} iterations, fresh ids each")
-    keys = [k for k in results["cases"][0] if k in ("copy", "naive") or k.startswith("ours:")]
-    print(f"{'rows':>7} {'dist':<8} {'distinct':>8} " + " ".join(f"{k + ' ms':>16}" for k in keys)
-          + f" {'x naive':>8} {'/copy t':>8} {'useful GB/s':>11}")
+    print(f"{'rows':>7} {'ids':<8} {'distinct':>8} {'method':<20} {'median ms':>10} {'min':>8} {'max':>8} "
+          f"{'useful GB/s':>11} {'x naive':>8} {'t / copy':>8}")
     for case in results["cases"]:
-        best = min((k for k in keys if k.startswith("ours:")), key=lambda k: case[k]["median_ms"])
-        cells = " ".join(f"{case[k]['median_ms']:7.3f} [{case[k]['min_ms']:.2f}-{case[k]['max_ms']:.2f}]"[:16].rjust(16)
-                         for k in keys)
-        print(f"{case['rows']:>7} {case['distribution']:<8} {case['distinct_rows_median']:>8.0f} {cells} "
-              f"{case[best]['speedup_vs_naive']:8.2f} {case[best]['vs_copy_time']:8.2f} "
-              f"{case[best]['useful_GBps']:11.1f}")
-    o = results["overlap"]
-    print(f"overlap: matmul loop {o['alone_ms']['median_ms']:.2f} ms alone, {o['with_prefetch_ms']['median_ms']:.2f} ms "
-          f"with 393,216-row lookups prefetched each step: slowdown {o['slowdown'] * 100:.1f}%")
+        for key in [k for k in case if k in ("copy", "naive") or k.startswith("ours:")]:
+            m = case[key]
+            print(f"{case['rows']:>7} {case['distribution']:<8} {case['distinct_rows_median']:>8.0f} {key:<20} "
+                  f"{m['median_ms']:10.3f} {m['min_ms']:8.3f} {m['max_ms']:8.3f} {m['useful_GBps']:11.1f} "
+                  f"{m['speedup_vs_naive']:8.2f} {m['vs_copy_time']:8.2f}")
+    for o in results["overlap"]:
+        print(f"overlap, max_programs {o['max_programs'] or 'all'}: matmul loop {o['alone_ms']['median_ms']:.2f} ms "
+              f"alone, {o['with_prefetch_ms']['median_ms']:.2f} ms with 393,216-row lookups prefetched each step: "
+              f"slowdown {o['slowdown'] * 100:.1f}%, lookups done {o['lookups_ms']['median_ms']:.2f} ms after start")
 
 
 def start_daemon(table_gib: float, load_threads: int) -> tuple[subprocess.Popen, str, str]:
@@ -199,13 +205,13 @@ def start_daemon(table_gib: float, load_threads: int) -> tuple[subprocess.Popen,
 
 
 def main(endpoint: str | None, table_gib: float, iterations: int, strategies: list[str], load_threads: int,
-         overlap_steps: int) -> dict:
+         overlap_steps: int, max_programs: list[int | None]) -> dict:
     proc = None
     if endpoint is None:
         proc, endpoint, _ = start_daemon(table_gib, load_threads)
     try:
         started = time.perf_counter()
-        results = run_bench(endpoint, iterations, strategies, overlap_steps)
+        results = run_bench(endpoint, iterations, strategies, overlap_steps, max_programs)
         results["seconds"] = time.perf_counter() - started
         return results
     finally:

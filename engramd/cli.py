@@ -223,8 +223,10 @@ def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
 @click.option("--strategies", default="dedup,direct", show_default=True)
 @click.option("--load-threads", default=16, show_default=True, type=int)
 @click.option("--overlap-steps", default=10, show_default=True, type=int)
+@click.option("--max-programs", default="0", show_default=True,
+              help="Comma-separated caps on the lookup grid to compare (0: uncapped).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
-def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, json_path) -> None:
+def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, json_path) -> None:
     """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
     import torch
 
@@ -232,8 +234,9 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
 
     if not torch.cuda.is_available():
         _fail("engramd bench needs a CUDA device")
+    caps = [int(c) or None for c in max_programs.split(",") if c.strip()]
     results = run(endpoint, table_gib, iterations, [s for s in strategies.split(",") if s], load_threads,
-                  overlap_steps)
+                  overlap_steps, caps)
     print_table(results)
     if json_path:
         with open(json_path, "w") as f:

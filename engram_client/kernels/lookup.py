@@ -1,6 +1,8 @@
 """The GPU lookup: gather packed rows through UVA and dequantize them, in Triton.
 
-Each program takes BLOCK_R ids.  An id outside [row_lo, row_hi) is never used as
+Each program takes blocks of BLOCK_R ids, striding over the call so that the grid
+can be capped (``max_programs``): lookups run beside the model's kernels, and a
+grid of thousands of PCIe-latency-bound programs crowds them out.  An id outside [row_lo, row_hi) is never used as
 an address: its row is masked to zero and counted in ``bad_count``, which the
 caller turns into an error.  The arithmetic mirrors engram_client.dequant exactly
 (fp8 -> fp32, times a power of two built from the scale's bits, one rounding), so
@@ -21,26 +23,35 @@ ID_DTYPES = (torch.int32, torch.int64)
 
 
 @triton.jit
-def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
-                   ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   OUT_DTYPE: tl.constexpr):
-    pid = tl.program_id(0)
-    r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    in_call = r < n_ids
-    ids = tl.load(ids_ptr + r, mask=in_call, other=0).to(tl.int64)
-    valid = in_call & (ids >= row_lo) & (ids < row_hi)
-    bad = tl.sum((in_call & ~valid).to(tl.int32), axis=0)
-    if bad > 0:
-        tl.atomic_add(bad_ptr, bad)
-    base = tl.where(valid, ids - row_lo, 0) * ROW_BYTES
+def _fetch_rows(table_ptr, ids, fetch, ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows ``ids`` (local row numbers) where ``fetch``, dequantized to fp32; zeros elsewhere."""
+    base = tl.where(fetch, ids, 0) * ROW_BYTES
     cols = tl.arange(0, HEAD_DIM)
-    w = tl.load(table_ptr + base[:, None] + cols[None, :], mask=valid[:, None], other=0)
-    s = tl.load(table_ptr + base[:, None] + HEAD_DIM + (cols // 32)[None, :], mask=valid[:, None], other=127)
+    w = tl.load(table_ptr + base[:, None] + cols[None, :], mask=fetch[:, None], other=0)
+    s = tl.load(table_ptr + base[:, None] + HEAD_DIM + (cols // 32)[None, :], mask=fetch[:, None], other=127)
     values = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     s32 = s.to(tl.int32)
     bits = tl.where(s32 == 0, 0x00400000, tl.where(s32 == 255, 0x7FC00000, s32 << 23))
-    out = values * bits.to(tl.float32, bitcast=True)
-    tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=in_call[:, None])
+    return values * bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
+                   ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                   OUT_DTYPE: tl.constexpr):
+    """Each program walks blocks pid, pid + programs, ...: a bounded grid leaves SMs to the model."""
+    cols = tl.arange(0, HEAD_DIM)
+    bad = 0
+    for block in range(tl.program_id(0), tl.cdiv(n_ids, BLOCK_R), tl.num_programs(0)):
+        r = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # int64: r * HEAD_DIM can pass 2^31
+        in_call = r < n_ids
+        ids = tl.load(ids_ptr + r, mask=in_call, other=0).to(tl.int64)
+        valid = in_call & (ids >= row_lo) & (ids < row_hi)
+        bad += tl.sum((in_call & ~valid).to(tl.int32), axis=0)
+        out = _fetch_rows(table_ptr, ids - row_lo, valid, ROW_BYTES, HEAD_DIM)
+        tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=in_call[:, None])
+    if bad > 0:
+        tl.atomic_add(bad_ptr, bad)
 
 
 @triton.jit
@@ -48,49 +59,49 @@ def _lookup_sorted_kernel(table_ptr, sorted_ptr, perm_ptr, out_ptr, bad_ptr, n_i
                           ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
                           OUT_DTYPE: tl.constexpr):
     """Fetch each distinct id once, in address order; write it where its first occurrence goes."""
-    pid = tl.program_id(0)
-    r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    in_call = r < n_ids
-    ids = tl.load(sorted_ptr + r, mask=in_call, other=0).to(tl.int64)
-    prev = tl.load(sorted_ptr + r - 1, mask=in_call & (r > 0), other=0).to(tl.int64)
-    first = in_call & ((r == 0) | (ids != prev))
-    valid = in_call & (ids >= row_lo) & (ids < row_hi)
-    bad = tl.sum((in_call & ~valid).to(tl.int32), axis=0)
+    cols = tl.arange(0, HEAD_DIM)
+    bad = 0
+    for block in range(tl.program_id(0), tl.cdiv(n_ids, BLOCK_R), tl.num_programs(0)):
+        r = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # int64: r * HEAD_DIM can pass 2^31
+        in_call = r < n_ids
+        ids = tl.load(sorted_ptr + r, mask=in_call, other=0).to(tl.int64)
+        prev = tl.load(sorted_ptr + r - 1, mask=in_call & (r > 0), other=0).to(tl.int64)
+        first = in_call & ((r == 0) | (ids != prev))
+        valid = in_call & (ids >= row_lo) & (ids < row_hi)
+        bad += tl.sum((in_call & ~valid).to(tl.int32), axis=0)
+        dest = tl.load(perm_ptr + r, mask=in_call, other=0).to(tl.int64)
+        out = _fetch_rows(table_ptr, ids - row_lo, first & valid, ROW_BYTES, HEAD_DIM)
+        tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=first[:, None])
     if bad > 0:
         tl.atomic_add(bad_ptr, bad)
-    dest = tl.load(perm_ptr + r, mask=in_call, other=0).to(tl.int64)
-    fetch = first & valid
-    base = tl.where(fetch, ids - row_lo, 0) * ROW_BYTES
-    cols = tl.arange(0, HEAD_DIM)
-    w = tl.load(table_ptr + base[:, None] + cols[None, :], mask=fetch[:, None], other=0)
-    s = tl.load(table_ptr + base[:, None] + HEAD_DIM + (cols // 32)[None, :], mask=fetch[:, None], other=127)
-    values = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    s32 = s.to(tl.int32)
-    bits = tl.where(s32 == 0, 0x00400000, tl.where(s32 == 255, 0x7FC00000, s32 << 23))
-    out = values * bits.to(tl.float32, bitcast=True)
-    tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=first[:, None])
 
 
 @triton.jit
 def _copy_duplicates_kernel(sorted_ptr, perm_ptr, run_start_ptr, out_ptr, n_ids,
                             HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
     """Every repeated id copies its row, in GPU memory, from where its first occurrence went."""
-    pid = tl.program_id(0)
-    r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    in_call = r < n_ids
-    ids = tl.load(sorted_ptr + r, mask=in_call, other=0)
-    prev = tl.load(sorted_ptr + r - 1, mask=in_call & (r > 0), other=0)
-    dup = in_call & (r > 0) & (ids == prev)
-    start = tl.load(run_start_ptr + r, mask=dup, other=0)
-    src = tl.load(perm_ptr + start, mask=dup, other=0).to(tl.int64)
-    dest = tl.load(perm_ptr + r, mask=dup, other=0).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
-    v = tl.load(out_ptr + src[:, None] * HEAD_DIM + cols[None, :], mask=dup[:, None], other=0)
-    tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], v, mask=dup[:, None])
+    for block in range(tl.program_id(0), tl.cdiv(n_ids, BLOCK_R), tl.num_programs(0)):
+        r = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # int64: r * HEAD_DIM can pass 2^31
+        in_call = r < n_ids
+        ids = tl.load(sorted_ptr + r, mask=in_call, other=0)
+        prev = tl.load(sorted_ptr + r - 1, mask=in_call & (r > 0), other=0)
+        dup = in_call & (r > 0) & (ids == prev)
+        start = tl.load(run_start_ptr + r, mask=dup, other=0)
+        src = tl.load(perm_ptr + start, mask=dup, other=0).to(tl.int64)
+        dest = tl.load(perm_ptr + r, mask=dup, other=0).to(tl.int64)
+        v = tl.load(out_ptr + src[:, None] * HEAD_DIM + cols[None, :], mask=dup[:, None], other=0)
+        tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], v, mask=dup[:, None])
+
+
+def _grid(n: int, block_rows: int, max_programs: int | None) -> tuple[int]:
+    blocks = triton.cdiv(n, block_rows)
+    return (blocks if not max_programs else max(1, min(blocks, max_programs)),)
 
 
 def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
-                        row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16) -> None:
+                        row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
+                        max_programs: int | None = None) -> None:
     """Like launch_lookup, but each distinct id crosses PCIe once, in address order.
 
     Sort, then fetch first occurrences, then copy repeats within HBM: every step has a size
@@ -105,7 +116,7 @@ def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tenso
     is_first = torch.ones(n, dtype=torch.bool, device=ids.device)
     is_first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     run_start = torch.cummax(positions * is_first, 0).values
-    grid = (triton.cdiv(n, block_rows),)
+    grid = _grid(n, block_rows, max_programs)
     _lookup_sorted_kernel[grid](table, sorted_ids, perm, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes,
                                 HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype], num_warps=4)
     _copy_duplicates_kernel[grid](sorted_ids, perm, run_start, out, n, HEAD_DIM=head_dim, BLOCK_R=block_rows,
@@ -140,12 +151,13 @@ def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> N
 
 
 def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
-                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16) -> None:
+                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
+                  max_programs: int | None = None) -> None:
     """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi)."""
     _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
     n = ids.numel()
     if n == 0:
         return
-    grid = (triton.cdiv(n, block_rows),)
+    grid = _grid(n, block_rows, max_programs)
     _lookup_kernel[grid](table, ids, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes, HEAD_DIM=head_dim,
                          BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype], num_warps=4)
