@@ -25,6 +25,7 @@ import torch
 from .connection import DaemonConnection
 from .errors import (DaemonUnavailableError, EngramError, EngramTimeoutError, NotAttachedError,
                      NotReadyError, TableFileError, UnknownClientError, CudaRegistrationError)
+from .hot_rows import HotRowCache
 from .mapping import ReadOnlyMapping
 from .table import EngramTable
 from .table_file import read_header
@@ -32,6 +33,12 @@ from .table_file import read_header
 log = logging.getLogger("engram_client")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 STATUS_POLL_S = 0.1
+
+
+def default_max_programs(device: torch.device) -> int:
+    """A quarter of the SMs: measured on an H200, a 393,216-row lookup then runs about as fast
+    as with an uncapped grid, while a matmul loop beside it slows 2.2% instead of 88%."""
+    return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
 
 
 class _Attachment:
@@ -120,7 +127,7 @@ class EngramClient:
     def __init__(self, endpoint: str | None = None, device: str | torch.device = "cuda:0", timeout: float = 60.0,
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
-                 lookup_max_programs: int | None = None):
+                 lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -133,8 +140,14 @@ class EngramClient:
         self._state = _Attachment(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
+            if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
+                raise ValueError(f"hot_cache_bytes={hot_cache_bytes}: the hot-row cache lives in GPU memory and "
+                                 "needs a CUDA device and a non-negative budget")
+            if lookup_max_programs is None and self.device.type == "cuda":
+                lookup_max_programs = default_max_programs(self.device)
+            self._hot_cache = (hot_cache_bytes, hot_cache_refresh_every)
             self._attach(timeout, row_ranges or {}, rank, out_dtype, heartbeat,
-                         dict(strategy=lookup_strategy, max_programs=lookup_max_programs))
+                         dict(strategy=lookup_strategy, max_programs=lookup_max_programs or None))
         except BaseException:
             self._finalizer()
             raise
@@ -166,8 +179,11 @@ class EngramClient:
             view = state.mapping.tensor(start, nbytes)
             if self.device.type == "cuda":
                 view = self._register(view, start, nbytes)
+            budget, refresh_every = self._hot_cache
+            cache = HotRowCache.for_budget(budget // len(header.layers), layout.head_dim, out_dtype, self.device,
+                                           refresh_every=refresh_every) if budget else None
             state.tables[layout.layer] = EngramTable(layout, view, lo, hi, self.device, stream, out_dtype,
-                                                     wait_timeout=timeout, **lookup_options)
+                                                     wait_timeout=timeout, hot_cache=cache, **lookup_options)
         self.layers = [entry.layout.layer for entry in header.layers]
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)

@@ -14,6 +14,7 @@ import torch
 from .dequant import dequantize_rows
 from .errors import EngramError, IdsOutOfRangeError
 from .layout import LayerLayout
+from .hot_rows import HotRowCache
 from .prefetch import PrefetchHandle
 
 STRATEGIES = ("auto", "dedup", "direct")
@@ -40,6 +41,7 @@ class EngramTable:
     # Cap on the lookup kernels' programs: a bounded grid leaves most SMs to the model's
     # kernels while a prefetch runs beside them.  None: one program per block of ids.
     max_programs: int | None = None
+    hot_cache: HotRowCache | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -122,14 +124,32 @@ class EngramTable:
         self.stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
         with torch.cuda.stream(self.stream):
             bad_count = torch.zeros(1, dtype=torch.int32, device=self.device)
+            refresh_due = self.hot_cache is not None and self.hot_cache.observe(flat)
             dedup = self.strategy == "dedup" or (self.strategy == "auto" and flat.numel() >= DEDUP_MIN_ROWS)
             launch = launch_lookup_dedup if dedup else launch_lookup
             launch(self.rows_view, flat, out, bad_count, self.row_lo, self.row_hi, self.head_dim,
-                   self.layout.row_bytes, max_programs=self.max_programs)
+                   self.layout.row_bytes, max_programs=self.max_programs, cache=self.hot_cache)
             bad_host.copy_(bad_count, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
+            if refresh_due:
+                self.refresh_hot_rows()
         flat.record_stream(self.stream)
         out.record_stream(self.stream)
         return PrefetchHandle(out, shape, self._describe(), event=event, bad_host=bad_host,
                               keep_alive=(flat, bad_count), timeout=self.wait_timeout)
+
+    def refresh_hot_rows(self) -> None:
+        """Re-choose the cached rows from the ids seen lately (runs on the prefetch stream and
+        waits for it once); lookups call this every ``refresh_every`` calls by themselves."""
+        from .kernels.lookup import launch_lookup
+
+        if self.hot_cache is None:
+            return
+        with torch.cuda.stream(self.stream):
+            scratch = torch.zeros(1, dtype=torch.int32, device=self.device)
+            self.hot_cache.refresh(
+                lambda keys, rows: launch_lookup(self.rows_view, keys, rows, scratch, self.row_lo, self.row_hi,
+                                                 self.head_dim, self.layout.row_bytes,
+                                                 max_programs=self.max_programs),
+                self.row_lo, self.row_hi)

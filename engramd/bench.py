@@ -23,6 +23,7 @@ import time
 import torch
 
 from engram_client import EngramClient
+from engram_client.hot_rows import HotRowCache
 from engram_client.dequant import scale_factors
 
 SIZES = (6144, 49152, 393216)
@@ -82,13 +83,16 @@ def _summary(samples: list[float]) -> dict:
 
 
 def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_steps: int,
-              max_programs: list[int | None]) -> dict:
+              max_programs: list[int | None], hot_cache_gib: float) -> dict:
     device = torch.device("cuda", 0)
     client = EngramClient(endpoint=endpoint, device=device, timeout=3600)
     layer = client.layers[0]
-    tables = {f"{s}/p{mp or 'all'}": replace(client.table(layer), strategy=s, max_programs=mp)
-              for s in strategies for mp in max_programs}
     table = client.table(layer)
+    tables = {f"{s}/p{mp or 'all'}": replace(table, strategy=s, max_programs=mp)
+              for s in strategies for mp in max_programs}
+    if hot_cache_gib:
+        cache = HotRowCache.for_budget(int(hot_cache_gib * 2**30), table.head_dim, table.out_dtype, device)
+        tables[f"auto/p{table.max_programs or 'all'}+cache"] = replace(table, strategy="auto", hot_cache=cache)
     status = client.status()
     rows_view = table.rows_view.view(-1, table.layout.row_bytes)
     weight_view, scale_view = rows_view[:, :table.head_dim], rows_view[:, table.head_dim:]
@@ -104,6 +108,11 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
             samples = {"copy": [], "naive": [], **{f"ours:{s}": [] for s in tables}}
             distinct = []
             dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            for t in tables.values():
+                if t.hot_cache is not None:  # learn this distribution from calls before the timed ones
+                    t.hot_cache.clear()
+                    for _ in range(t.hot_cache.refresh_every):
+                        t.prefetch(sampler.sample(rows, distribution)).wait()
             for it in range(iterations + 1):  # the first iteration warms up and is dropped
                 ids = sampler.sample(rows, distribution)
                 distinct.append(int(torch.unique(ids).numel()))
@@ -133,6 +142,7 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
             results["cases"].append(case)
     results["overlap"] = [dict(measure_overlap(replace(table, strategy="auto", max_programs=mp), sampler,
                                                    overlap_steps), max_programs=mp) for mp in max_programs]
+    results["default_max_programs"] = table.max_programs
     client.close()
     return results
 
@@ -205,13 +215,14 @@ def start_daemon(table_gib: float, load_threads: int) -> tuple[subprocess.Popen,
 
 
 def main(endpoint: str | None, table_gib: float, iterations: int, strategies: list[str], load_threads: int,
-         overlap_steps: int, max_programs: list[int | None]) -> dict:
+         overlap_steps: int, max_programs: list[int | None], hot_cache_gib: float = 0.0) -> dict:
     proc = None
     if endpoint is None:
         proc, endpoint, _ = start_daemon(table_gib, load_threads)
     try:
         started = time.perf_counter()
-        results = run_bench(endpoint, iterations, strategies, overlap_steps, max_programs)
+        results = run_bench(endpoint, iterations, strategies, overlap_steps, max_programs, hot_cache_gib)
+        results["hot_cache_gib"] = hot_cache_gib
         results["seconds"] = time.perf_counter() - started
         return results
     finally:

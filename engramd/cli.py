@@ -220,13 +220,16 @@ def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
 @click.option("--table-gib", default=64.0, show_default=True, type=float,
               help="Without --socket: start a daemon on a demo table of this size.")
 @click.option("--iterations", default=7, show_default=True, type=int)
-@click.option("--strategies", default="dedup,direct", show_default=True)
+@click.option("--strategies", default="auto,dedup,direct", show_default=True)
 @click.option("--load-threads", default=16, show_default=True, type=int)
 @click.option("--overlap-steps", default=10, show_default=True, type=int)
-@click.option("--max-programs", default="0", show_default=True,
-              help="Comma-separated caps on the lookup grid to compare (0: uncapped).")
+@click.option("--max-programs", default="default,0", show_default=True,
+              help="Comma-separated caps on the lookup grid to compare (0: uncapped; default: the client's).")
+@click.option("--hot-cache-gib", default=1.0, show_default=True, type=float,
+              help="Also time the default path with a hot-row cache of this size (0: skip).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
-def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, json_path) -> None:
+def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, hot_cache_gib,
+          json_path) -> None:
     """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
     import torch
 
@@ -234,9 +237,12 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
 
     if not torch.cuda.is_available():
         _fail("engramd bench needs a CUDA device")
-    caps = [int(c) or None for c in max_programs.split(",") if c.strip()]
+    from engram_client.client import default_max_programs
+
+    caps = [default_max_programs(torch.device("cuda", 0)) if c.strip() == "default" else (int(c) or None)
+            for c in max_programs.split(",") if c.strip()]
     results = run(endpoint, table_gib, iterations, [s for s in strategies.split(",") if s], load_threads,
-                  overlap_steps, caps)
+                  overlap_steps, caps, hot_cache_gib)
     print_table(results)
     if json_path:
         with open(json_path, "w") as f:

@@ -36,9 +36,25 @@ def _fetch_rows(table_ptr, ids, fetch, ROW_BYTES: tl.constexpr, HEAD_DIM: tl.con
 
 
 @triton.jit
-def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
+def _rows_for(table_ptr, ids, want, slot_ptr, cache_ptr, r, in_call, ROW_BYTES: tl.constexpr,
+              HEAD_DIM: tl.constexpr, OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr):
+    """Rows for ``ids`` where ``want``: from the hot-row cache where it holds them, else over PCIe."""
+    if HAS_CACHE:
+        slot = tl.load(slot_ptr + r, mask=in_call, other=-1)
+        hit = want & (slot >= 0)
+        fetched = _fetch_rows(table_ptr, ids, want & ~hit, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
+        cols = tl.arange(0, HEAD_DIM)
+        cached = tl.load(cache_ptr + tl.where(hit, slot, 0)[:, None] * HEAD_DIM + cols[None, :],
+                         mask=hit[:, None], other=0)
+        return tl.where(hit[:, None], cached, fetched)
+    else:
+        return _fetch_rows(table_ptr, ids, want, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
+
+
+@triton.jit
+def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, slot_ptr, cache_ptr, n_ids, row_lo, row_hi,
                    ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   OUT_DTYPE: tl.constexpr):
+                   OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr):
     """Each program walks blocks pid, pid + programs, ...: a bounded grid leaves SMs to the model."""
     cols = tl.arange(0, HEAD_DIM)
     bad = 0
@@ -48,16 +64,17 @@ def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
         ids = tl.load(ids_ptr + r, mask=in_call, other=0).to(tl.int64)
         valid = in_call & (ids >= row_lo) & (ids < row_hi)
         bad += tl.sum((in_call & ~valid).to(tl.int32), axis=0)
-        out = _fetch_rows(table_ptr, ids - row_lo, valid, ROW_BYTES, HEAD_DIM)
-        tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=in_call[:, None])
+        out = _rows_for(table_ptr, ids - row_lo, valid, slot_ptr, cache_ptr, r, in_call, ROW_BYTES, HEAD_DIM,
+                        OUT_DTYPE, HAS_CACHE)
+        tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], out, mask=in_call[:, None])
     if bad > 0:
         tl.atomic_add(bad_ptr, bad)
 
 
 @triton.jit
-def _lookup_sorted_kernel(table_ptr, sorted_ptr, perm_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
-                          ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                          OUT_DTYPE: tl.constexpr):
+def _lookup_sorted_kernel(table_ptr, sorted_ptr, perm_ptr, out_ptr, bad_ptr, slot_ptr, cache_ptr, n_ids, row_lo,
+                          row_hi, ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                          OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr):
     """Fetch each distinct id once, in address order; write it where its first occurrence goes."""
     cols = tl.arange(0, HEAD_DIM)
     bad = 0
@@ -70,8 +87,9 @@ def _lookup_sorted_kernel(table_ptr, sorted_ptr, perm_ptr, out_ptr, bad_ptr, n_i
         valid = in_call & (ids >= row_lo) & (ids < row_hi)
         bad += tl.sum((in_call & ~valid).to(tl.int32), axis=0)
         dest = tl.load(perm_ptr + r, mask=in_call, other=0).to(tl.int64)
-        out = _fetch_rows(table_ptr, ids - row_lo, first & valid, ROW_BYTES, HEAD_DIM)
-        tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out.to(OUT_DTYPE), mask=first[:, None])
+        out = _rows_for(table_ptr, ids - row_lo, first & valid, slot_ptr, cache_ptr, r, in_call, ROW_BYTES,
+                        HEAD_DIM, OUT_DTYPE, HAS_CACHE)
+        tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out, mask=first[:, None])
     if bad > 0:
         tl.atomic_add(bad_ptr, bad)
 
@@ -94,6 +112,16 @@ def _copy_duplicates_kernel(sorted_ptr, perm_ptr, run_start_ptr, out_ptr, n_ids,
         tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], v, mask=dup[:, None])
 
 
+def _cache_args(cache, ids: torch.Tensor, out: torch.Tensor):
+    """(slots, cached rows) for the kernels, or (None, None) without a filled cache."""
+    slots = cache.slots(ids) if cache is not None else None
+    if slots is None:
+        return None, None
+    if cache.rows.dtype != out.dtype:
+        raise EngramError(f"hot-row cache holds {cache.rows.dtype} rows, the output is {out.dtype}")
+    return slots, cache.rows
+
+
 def _grid(n: int, block_rows: int, max_programs: int | None) -> tuple[int]:
     blocks = triton.cdiv(n, block_rows)
     return (blocks if not max_programs else max(1, min(blocks, max_programs)),)
@@ -101,7 +129,7 @@ def _grid(n: int, block_rows: int, max_programs: int | None) -> tuple[int]:
 
 def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
                         row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
-                        max_programs: int | None = None) -> None:
+                        max_programs: int | None = None, cache=None) -> None:
     """Like launch_lookup, but each distinct id crosses PCIe once, in address order.
 
     Sort, then fetch first occurrences, then copy repeats within HBM: every step has a size
@@ -116,9 +144,11 @@ def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tenso
     is_first = torch.ones(n, dtype=torch.bool, device=ids.device)
     is_first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     run_start = torch.cummax(positions * is_first, 0).values
+    slots, rows = _cache_args(cache, sorted_ids, out)
     grid = _grid(n, block_rows, max_programs)
-    _lookup_sorted_kernel[grid](table, sorted_ids, perm, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes,
-                                HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype], num_warps=4)
+    _lookup_sorted_kernel[grid](table, sorted_ids, perm, out, bad_count, slots, rows, n, row_lo, row_hi,
+                                ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=block_rows,
+                                OUT_DTYPE=OUT_DTYPES[out.dtype], HAS_CACHE=slots is not None, num_warps=4)
     _copy_duplicates_kernel[grid](sorted_ids, perm, run_start, out, n, HEAD_DIM=head_dim, BLOCK_R=block_rows,
                                   num_warps=4)
 
@@ -152,12 +182,14 @@ def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> N
 
 def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
                   row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
-                  max_programs: int | None = None) -> None:
+                  max_programs: int | None = None, cache=None) -> None:
     """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi)."""
     _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
     n = ids.numel()
     if n == 0:
         return
     grid = _grid(n, block_rows, max_programs)
-    _lookup_kernel[grid](table, ids, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes, HEAD_DIM=head_dim,
-                         BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype], num_warps=4)
+    slots, rows = _cache_args(cache, ids, out)
+    _lookup_kernel[grid](table, ids, out, bad_count, slots, rows, n, row_lo, row_hi, ROW_BYTES=row_bytes,
+                         HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
+                         HAS_CACHE=slots is not None, num_warps=4)

@@ -161,3 +161,27 @@ def test_two_processes_on_two_gpus(demo_daemon):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs (nvidia-h200-x2)")
     _run_shared(demo_daemon, ["cuda:0", "cuda:1"])
+
+
+@pytest.mark.parametrize("strategy", ["auto", "dedup", "direct"])
+def test_hot_row_cache_is_exact_and_gets_hits(demo_daemon, strategy):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_strategy=strategy,
+                      hot_cache_bytes=8 << 20, hot_cache_refresh_every=4) as client:
+        table = client.table(14)
+        assert table.hot_cache is not None and table.max_programs >= 1
+        rng = np.random.default_rng(7)
+        for step in range(12):
+            ids = (rng.zipf(1.2, 20000) * 7919) % table.num_rows  # hot rows, scattered over the table
+            out = table.lookup(torch.from_numpy(ids).cuda())
+            assert_bf16_exact(out, *demo_rows(0, 14, ids, 256))
+        assert table.hot_cache.refreshes >= 2 and table.hot_cache.keys.numel() > 0
+        slots = table.hot_cache.slots(torch.from_numpy(ids).cuda())
+        assert int((slots >= 0).sum()) > ids.size // 2, "a Zipf stream should mostly hit the cache"
+        bad = torch.tensor([int(table.hot_cache.keys[0]), -1, table.num_rows], device="cuda")
+        with pytest.raises(IdsOutOfRangeError, match="2 of 3"):
+            table.lookup(bad)
+
+
+def test_hot_row_cache_needs_cuda_and_a_sane_budget(demo_daemon):
+    with pytest.raises(ValueError, match="hot_cache_bytes"):
+        EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", hot_cache_bytes=-1)
