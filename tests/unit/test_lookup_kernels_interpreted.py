@@ -14,7 +14,12 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 9):
+    # Older interpreters fail on scalar reductions these kernels use (seen with 3.6);
+    # the compiled kernels are covered by tests/gpu on real hardware.
+    pytest.skip(f"Triton {triton.__version__}'s interpreter cannot run these kernels; needs 3.9+",
+                allow_module_level=True)
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, torch
