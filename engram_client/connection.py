@@ -29,7 +29,12 @@ class DaemonConnection:
         if self._socket is None:
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.endpoint)
+            try:
+                sock.connect(self.endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise ProtocolError(f"cannot connect to endpoint {self.endpoint!r}: {exc} "
+                                    "(expected ipc:///path/to/socket)") from exc
             self._socket = sock
         return self._socket
 

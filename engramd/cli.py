@@ -112,7 +112,10 @@ def status(endpoint, as_json, wait_s) -> None:
                 reply = connection.request("status", timeout=max(0.5, min(2.0, deadline - time.monotonic())))
             except DaemonUnavailableError as exc:
                 reply, unreachable = None, exc
-            if (reply is not None and reply["state"] == "ready") or time.monotonic() >= deadline:
+            except EngramError as exc:
+                _fail(str(exc))
+            # A failed load never becomes ready by itself: no point waiting out --wait.
+            if (reply is not None and reply["state"] in ("ready", "failed")) or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
     finally:
@@ -200,6 +203,8 @@ def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) 
         config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
     except EngramError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{outdir}: cannot write the checkpoint: {exc.strerror or exc}")
     click.echo(f"wrote {outdir}: layers {config['engram_layer_ids']}, rows {config['engram_num_embeddings']}")
 
 

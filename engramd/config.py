@@ -34,6 +34,8 @@ class ServeConfig:
             # Unauthenticated TCP would let anyone on the network stop the daemon.
             raise ConfigError(f"endpoint {self.endpoint!r}: TCP endpoints are refused; use an ipc:// path")
         self.events_endpoint = self.events_endpoint or pub_endpoint_for(self.endpoint)
+        if not self.events_endpoint.startswith(("ipc://", "inproc://")):
+            raise ConfigError(f"events endpoint {self.events_endpoint!r}: only ipc:// endpoints are served")
         if self.checkpoint is not None:
             self.checkpoint = os.path.abspath(self.checkpoint)
             if not os.path.isdir(self.checkpoint):

@@ -84,6 +84,7 @@ class Daemon:
                 source, files = DemoSource(self.config.demo_seed), []
             with self._lock:
                 self.header, self.files = header, files
+            self._progress.total_bytes = sum(entry.nbytes for entry in header.layers)
             writer = self.shm.create(header)
             log.info("loading %s into %s (%.2f GiB)", header.checkpoint, writer.partial_path, header.total_bytes / 2**30)
             started = time.monotonic()

@@ -44,9 +44,12 @@ class EndpointLock:
         if socket_path is None:
             return
         directory = os.path.dirname(socket_path) or "."
-        os.makedirs(directory, mode=0o700, exist_ok=True)
         self.path = socket_path + ".lock"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the socket directory or lock {self.path}: {exc.strerror}") from exc
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

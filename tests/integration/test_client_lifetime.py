@@ -1,0 +1,93 @@
+"""A client's lease over its life: garbage collection, idling, and a daemon restart under it."""
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import torch
+
+from engram_client import EngramClient
+from engram_client.demo_rows import demo_rows
+from exactness import assert_bf16_exact
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll ``predicate`` until it returns something truthy; fail saying what never happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} within {timeout} s")
+        time.sleep(0.05)
+
+
+def check_rows(client: EngramClient, layer: int = 1, seed: int = 0) -> None:
+    table = client.table(layer)
+    ids = np.random.default_rng(layer).integers(0, table.num_rows, 500)
+    ids[:2] = 0, table.num_rows - 1
+    assert_bf16_exact(table.lookup(torch.from_numpy(ids)), *demo_rows(seed, layer, ids, 256))
+
+
+def test_dropped_client_detaches(daemon_factory):
+    # The default 10 s lease cannot expire within this test: an empty client list means a detach.
+    daemon = daemon_factory()
+    daemon.wait_state("ready")
+    client = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30)
+    client_id = client.client_id
+    assert [c["id"] for c in daemon.status()["clients"]] == [client_id]
+    del client
+    gc.collect()
+    wait_for(lambda: daemon.status()["clients"] == [], 5.0, "the dropped client's lease was not released")
+    wait_for(lambda: f"client {client_id} detached" in daemon.log(), 5.0, "the daemon never logged the detach")
+    assert "expired" not in daemon.log()
+
+
+def test_idle_client_keeps_its_lease(daemon_factory):
+    daemon = daemon_factory("--lease-seconds", "1")
+    daemon.wait_state("ready")
+    with EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30) as client:
+        client_id = client.client_id
+        time.sleep(3.0)  # three leases without a request from the caller: only the heartbeat thread speaks
+        clients = daemon.status()["clients"]
+        assert [c["id"] for c in clients] == [client_id], "the lease was lost (or re-granted) while idle"
+        assert client.attached and client.client_id == client_id
+        assert "expired" not in daemon.log()
+        check_rows(client)
+    assert daemon.status()["clients"] == []
+
+
+def test_client_reattaches_to_a_restarted_daemon(daemon_factory):
+    first = daemon_factory("--lease-seconds", "1.5")
+    old_status = first.wait_state("ready")
+    client = EngramClient(endpoint=first.endpoint, device="cpu", timeout=30)
+    try:
+        assert client.boot_id == old_status["boot_id"]
+        table_path = client.table_path
+        check_rows(client)
+
+        first.connection.request("stop")
+        assert first.proc.wait(timeout=30) == 0
+        second = daemon_factory("--lease-seconds", "1.5")  # same socket, same shm dir
+        assert second.endpoint == first.endpoint
+        new_status = second.wait_state("ready")
+        assert new_status["boot_id"] != old_status["boot_id"]
+
+        clients = wait_for(lambda: second.status()["clients"], 5.0,
+                           "the client did not re-attach to the restarted daemon")
+        assert [c["id"] for c in clients] == [client.client_id]
+        wait_for(lambda: client.boot_id == new_status["boot_id"], 5.0, "client.boot_id never became the new one")
+        assert client.attached
+
+        # The client still maps the first daemon's table, unlinked when it stopped (the new
+        # daemon's file may have the same name, but it is another file); its pages stay valid.
+        with open("/proc/self/maps") as maps:
+            mapped = [line.rstrip("\n") for line in maps if table_path in line]
+        assert mapped and all(line.endswith("(deleted)") for line in mapped), mapped
+        check_rows(client, layer=1)
+        check_rows(client, layer=14)
+    finally:
+        client.close()
+    assert second.status()["clients"] == []
