@@ -1,14 +1,13 @@
 """engram_client: map engramd's shared Engram table and look rows up, on CPU or GPU.
 
-The public API is what this module exports; tests pin it.
+The public API is what this module exports; tests pin it.  Names that need torch are
+imported on first use, so the daemon and light tools that only speak the protocol
+(``engram_client.protocol``, ``.connection``, ``.errors``) never pay for torch.
 """
-from .client import EngramClient
 from .errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
                      EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotReadyError,
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
-from .prefetch import PrefetchHandle
 from .protocol import PROTOCOL_VERSION, default_endpoint
-from .table import EngramTable
 
 __version__ = "0.1.0"
 __all__ = [
@@ -17,3 +16,13 @@ __all__ = [
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
     "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError",
 ]
+_LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
