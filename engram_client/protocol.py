@@ -29,12 +29,12 @@ import msgpack
 
 from .errors import ProtocolError
 
-PROTOCOL_VERSION = (1, 0)
+PROTOCOL_VERSION = (1, 1)  # 1.1 added the reload operation and generation fields
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.
 MAX_REQUEST_BYTES = 64 * 1024
-OPERATIONS = ("attach", "heartbeat", "detach", "status", "stop")
+OPERATIONS = ("attach", "heartbeat", "detach", "status", "stop", "reload")
 
 
 def pack(message: dict[str, Any]) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -52,13 +53,17 @@ def main() -> None:
               help="A client that sends no heartbeat for this long is dropped.")
 @click.option("--max-load-rate", default=None, type=float, metavar="MB_PER_S",
               help="Cap the load's copy rate, to spare running engines' memory bandwidth [default: no cap].")
+@click.option("--reload-root", "reload_roots", multiple=True, type=click.Path(file_okay=False),
+              help="Directory under which `reload --checkpoint` may read [default: the checkpoint's parent].")
+@click.option("--retire-grace-seconds", default=600.0, show_default=True, type=float,
+              help="A replaced generation's file is removed once no client holds it, or after this long.")
 @click.option("--demo-vocab-size", default=None, type=int, help="Vocab size of the demo table [default: 2000].")
 @click.option("--demo-seed", default=0, show_default=True, type=int)
 @click.option("--progress/--no-progress", default=None, help="Progress bar while loading [default: on a terminal].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seconds, max_load_rate, demo_vocab_size,
-          demo_seed, progress, log_level) -> None:
+def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seconds, max_load_rate, reload_roots,
+          retire_grace_seconds, demo_vocab_size, demo_seed, progress, log_level) -> None:
     """Load the table into the shm dir and serve it until stopped."""
     from .config import ServeConfig
     from .server import Server
@@ -70,6 +75,7 @@ def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seco
         config = ServeConfig(checkpoint=checkpoint, endpoint=endpoint or "", events_endpoint=events_socket or "",
                              shm_dir=shm_dir, load_threads=load_threads, lease_seconds=lease_seconds,
                              max_load_rate=None if max_load_rate is None else max_load_rate * 1e6,
+                             reload_roots=list(reload_roots), retire_grace_seconds=retire_grace_seconds,
                              demo_seed=demo_seed, progress_bar=sys.stderr.isatty() if progress is None else progress,
                              **kwargs)
         server = Server(config)
@@ -146,6 +152,37 @@ def stop(endpoint, timeout) -> None:
                 return
             time.sleep(0.1)
         _fail(f"engramd at {connection.endpoint} still answers {timeout:.0f} s after stop")
+    except EngramError as exc:
+        _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
+    finally:
+        connection.close()
+
+
+@main.command()
+@socket_option
+@click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
+              help="Load this checkpoint (under a reload root) [default: the one being served].")
+@click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
+              help="Wait up to this long for the new generation to be served.")
+def reload(endpoint, checkpoint, wait_s) -> None:
+    """Load generation g+1 beside g; g keeps serving until g+1 is complete."""
+    connection = DaemonConnection(endpoint)
+    try:
+        started = connection.request("reload", {"checkpoint": os.path.abspath(checkpoint) if checkpoint else None})
+        click.echo(f"loading generation {started['generation']} from {started['checkpoint']}")
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            status = connection.request("status", timeout=5.0)
+            pending = status["reload"]
+            if status["generation"] == started["generation"] and status["state"] == "ready":
+                click.echo(f"generation {started['generation']} is served")
+                return
+            if (pending and pending["generation"] == started["generation"] and pending["state"] == "failed") or \
+                    (status["generation"] == started["generation"] and status["state"] == "failed"):
+                _fail(f"generation {started['generation']} failed: {(pending or status)['error']}")
+            time.sleep(0.2)
+        if wait_s:
+            _fail(f"generation {started['generation']} was not served within {wait_s:.0f} s")
     except EngramError as exc:
         _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
     finally:

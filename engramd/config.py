@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engram_client.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.errors import EngramError
@@ -25,6 +25,8 @@ class ServeConfig:
     demo_seed: int = 0
     progress_bar: bool = False
     max_load_rate: float | None = None  # bytes per second; None loads as fast as the machine allows
+    reload_roots: list[str] = field(default_factory=list)  # where `reload` may read checkpoints from
+    retire_grace_seconds: float = 600.0  # a retired generation's file goes after this even if still held
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
@@ -40,6 +42,11 @@ class ServeConfig:
             self.checkpoint = os.path.abspath(self.checkpoint)
             if not os.path.isdir(self.checkpoint):
                 raise ConfigError(f"--checkpoint {self.checkpoint}: no such directory")
+        if self.checkpoint is not None and not self.reload_roots:
+            self.reload_roots = [os.path.dirname(self.checkpoint)]
+        self.reload_roots = [os.path.abspath(root) for root in self.reload_roots]
+        if self.retire_grace_seconds < 0:
+            raise ConfigError(f"--retire-grace-seconds must be >= 0, got {self.retire_grace_seconds}")
         self.shm_dir = os.path.abspath(self.shm_dir)
         if not os.path.isdir(self.shm_dir):
             raise ConfigError(f"--shm-dir {self.shm_dir}: no such directory")

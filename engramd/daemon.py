@@ -1,15 +1,23 @@
-"""The daemon's state: one table generation, its load, its clients, its lifecycle.
+"""The daemon's state: table generations, their loads, the clients, the lifecycle.
 
-    loading ──▶ ready ──▶ stopping
-       │                     ▲
-       └──▶ failed ──────────┘
+    loading ──▶ ready ──▶ stopping          (state of the served generation)
+       │          │ ▲          ▲
+       └▶ failed ─┼─┼──────────┘
+                  ▼ │
+           reload: g+1 loads beside g; on success g+1 is served and g retires,
+                   on failure g goes on and status says why
 
-The load runs on its own thread; everything else runs on the server thread.  The
-load thread only writes ``_progress`` and, at its end, hands over its outcome under
-``_lock``.  A failed load leaves the daemon up and answering, with the reason in
-``error`` and no table file left behind.
+A start first looks for a complete table its predecessor (same endpoint, same shm
+dir) left behind: if its format, layout and checkpoint fingerprint match what it
+would load, it is re-adopted at once instead of reloaded.  A retired generation's
+file is unlinked once no lease holds it, or after ``retire_grace_seconds``; ranks that
+still map it keep their pages either way.
 
-Owns the table file it creates; the socket belongs to server.py.
+Loads run on one load thread at a time; everything else runs on the server thread.
+The load thread writes only its generation's progress and, at its end, hands over
+its outcome under ``_lock``.  No table is visible before it is complete.
+
+Owns the table files it creates; the socket belongs to server.py.
 """
 from __future__ import annotations
 
@@ -21,19 +29,20 @@ import uuid
 from typing import Any, Callable
 
 from engram_client.demo_rows import demo_config
-from engram_client.errors import EngramError, NotReadyError, UnknownClientError
+from engram_client.errors import EngramError, NotReadyError, ProtocolError, TableFileError, UnknownClientError
 from engram_client.layout import build_layout
-from engram_client.table_file import TableHeader
+from engram_client.table_file import TableHeader, read_header
 
 from . import __version__
 from .checkpoint import read_checkpoint
 from .config import ServeConfig
+from .generation import FAILED, LOADING, READY, Generation
 from .leases import LeaseTable
-from .loader import CheckpointSource, DemoSource, Progress, fill_table
+from .loader import CheckpointSource, DemoSource, fill_table
 from .table_store import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
-LOADING, READY, FAILED, STOPPING = "loading", "ready", "failed", "stopping"
+STOPPING = "stopping"
 
 
 class Daemon:
@@ -41,16 +50,14 @@ class Daemon:
         self.config = config
         self.boot_id = uuid.uuid4().hex
         self.started_at = time.time()
-        self.generation = 0
-        self.state = LOADING
-        self.error: str | None = None
-        self.header: TableHeader | None = None
-        self.table_path: str | None = None
-        self.files: list[str] = []
         self.leases = LeaseTable(config.lease_seconds)
         self.stop_requested = threading.Event()
+        self.stopping = False
+        self.current = Generation(0, config.checkpoint)  # replaced by start_load
+        self.pending: Generation | None = None  # a reload's generation, while loading or after failing
+        self.retiring: dict[int, Generation] = {}
+        self._last_number = 0
         self._cancel_load = threading.Event()
-        self._progress = Progress()
         self._lock = threading.Lock()
         self._load_thread: threading.Thread | None = None
         self._on_state_change = on_state_change or (lambda state: None)
@@ -58,119 +65,230 @@ class Daemon:
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
 
-    # -- lifecycle -------------------------------------------------------------------
-    def _set_state(self, state: str) -> None:
-        with self._lock:
-            self.state = state
-        log.info("state -> %s (generation %d)", state, self.generation)
-        self._on_state_change(state)
+    # -- derived views ---------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return STOPPING if self.stopping else self.current.state
+
+    @property
+    def generation(self) -> int:
+        return self.current.number
+
+    @property
+    def table_path(self) -> str | None:
+        return self.current.path if self.current.state == READY else None
+
+    # -- loading ---------------------------------------------------------------------
+    def _announce(self) -> None:
+        log.info("state -> %s (generation %d)", self.state, self.generation)
+        self._on_state_change(self.state)
 
     def start_load(self) -> None:
-        self.generation += 1
-        self._load_thread = threading.Thread(target=self._load, name="engramd-load-main", daemon=True)
+        """The first load of this process: re-adopt a predecessor's table, or load afresh."""
+        self._begin(Generation(self._next_number(), self.config.checkpoint), first=True)
+
+    def _next_number(self) -> int:
+        self._last_number += 1
+        return self._last_number
+
+    def _begin(self, generation: Generation, first: bool = False) -> None:
+        self._load_thread = threading.Thread(target=self._load, args=(generation, first),
+                                             name=f"engramd-load-g{generation.number}", daemon=True)
         self._load_thread.start()
 
-    def _load(self) -> None:
+    def _plan(self, generation: Generation):
+        if generation.checkpoint:
+            plan = read_checkpoint(generation.checkpoint)
+            header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation.number)
+            return header, lambda: CheckpointSource(plan), list(plan.files)
+        vocab, seed = self.config.demo_vocab_size, self.config.demo_seed
+        header = TableHeader.plan(build_layout(demo_config(vocab)), f"demo-v{vocab}-s{seed}", "<demo>",
+                                  generation.number)
+        return header, lambda: DemoSource(seed), []
+
+    def _adopt(self, generation: Generation, wanted: TableHeader) -> bool:
+        """Take over our predecessor's complete table if it is exactly what we would load."""
+        adopted = None
+        for number, path in self.shm.own_tables():
+            try:
+                found, _ = read_header(path)
+            except TableFileError as exc:
+                log.warning("not re-adopting %s: %s", path, exc)
+                found = None
+            same = found is not None and found.fingerprint == wanted.fingerprint and \
+                [e.layout for e in found.layers] == [e.layout for e in wanted.layers]
+            if adopted is None and same:
+                adopted = (number, path, found)
+            else:
+                self.shm.unlink(path)
+                log.info("removed %s: a predecessor's table that is not the one to serve", path)
+        if adopted is None:
+            return False
+        number, path, found = adopted
+        generation.number, generation.path, generation.header, generation.adopted = number, path, found, True
+        self._last_number = max(self._last_number, number)
+        generation.progress.total_bytes = generation.progress.done_bytes = sum(e.nbytes for e in found.layers)
+        log.info("re-adopted %s (generation %d) without reloading", path, number)
+        return True
+
+    def _load(self, generation: Generation, first: bool) -> None:
+        if first:
+            with self._lock:
+                self.current = generation
         writer = source = None
         try:
-            if self.config.checkpoint:
-                plan = read_checkpoint(self.config.checkpoint)
-                header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, self.generation)
-                source, files = CheckpointSource(plan), list(plan.files)
-            else:
-                config = demo_config(self.config.demo_vocab_size)
-                fingerprint = f"demo-v{self.config.demo_vocab_size}-s{self.config.demo_seed}"
-                header = TableHeader.plan(build_layout(config), fingerprint, "<demo>", self.generation)
-                source, files = DemoSource(self.config.demo_seed), []
-            with self._lock:
-                self.header, self.files = header, files
-            self._progress.total_bytes = sum(entry.nbytes for entry in header.layers)
+            header, make_source, files = self._plan(generation)
+            generation.files = files
+            if first and self._adopt(generation, header):
+                self._finish(generation)
+                return
+            generation.header = header
+            generation.progress.total_bytes = sum(entry.nbytes for entry in header.layers)
+            source = make_source()
             writer = self.shm.create(header)
-            log.info("loading %s into %s (%.2f GiB)", header.checkpoint, writer.partial_path, header.total_bytes / 2**30)
+            log.info("loading generation %d from %s into %s (%.2f GiB)", generation.number, header.checkpoint,
+                     writer.partial_path, header.total_bytes / 2**30)
             started = time.monotonic()
-            fill_table(writer, source, self._progress, self.config.load_threads, self._cancel_load,
+            fill_table(writer, source, generation.progress, self.config.load_threads, self._cancel_load,
                        self.config.max_load_rate)
             if self._cancel_load.is_set():
                 raise EngramError("load cancelled by stop")
-            path = writer.publish()
+            generation.path = writer.publish()
             writer = None
             elapsed = time.monotonic() - started
-            log.info("table ready: %s, %.2f GiB in %.2f s (%.2f GB/s)", path, header.total_bytes / 2**30, elapsed,
-                     self._progress.done_bytes / max(elapsed, 1e-9) / 1e9)
-            with self._lock:
-                self.table_path = path
-            self._set_state(READY)
-        except Exception as exc:  # any failure becomes state 'failed' with its reason
-            message = str(exc) if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"
-            with self._lock:
-                self.error = message
+            log.info("generation %d ready: %s, %.2f GiB in %.2f s (%.2f GB/s)", generation.number, generation.path,
+                     header.total_bytes / 2**30, elapsed, generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9)
+            self._finish(generation)
+        except Exception as exc:  # any failure becomes that generation's 'failed', with its reason
+            generation.error = str(exc) if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"
+            generation.state = FAILED
             if not self._cancel_load.is_set():
-                log.error("load failed: %s", message)
-                self._set_state(FAILED)
+                log.error("generation %d failed to load: %s", generation.number, generation.error)
+                if generation is self.current:
+                    self._announce()
         finally:
             if writer is not None:
                 writer.abandon()
             if source is not None:
                 source.close()
 
+    def _finish(self, generation: Generation) -> None:
+        """Serve a freshly complete generation; the one it replaces starts retiring."""
+        with self._lock:
+            generation.state = READY
+            previous = self.current
+            if generation is not previous:
+                if previous.path is not None:
+                    previous.retired_at = time.monotonic()
+                    self.retiring[previous.number] = previous
+                self.current, self.pending = generation, None
+        self._announce()
+
+    def reload(self, checkpoint: str | None) -> dict[str, Any]:
+        """Load generation g+1 beside the served one; it takes over once complete."""
+        if self.stopping:
+            raise NotReadyError("the daemon is stopping")
+        if self._load_thread is not None and self._load_thread.is_alive():
+            raise NotReadyError("a load is already in progress; wait for it (see status) before reloading")
+        source = self._allowed_checkpoint(checkpoint) if checkpoint is not None else self.current.checkpoint
+        generation = Generation(self._next_number(), source)
+        with self._lock:
+            if self.current.state == READY:
+                self.pending = generation  # the served generation goes on meanwhile
+            else:
+                self.current, self.pending = generation, None  # nothing served: this becomes the load
+        if generation is self.current:
+            self._announce()
+        log.info("reload: generation %d from %s", generation.number, source or "<demo>")
+        self._begin(generation)
+        return {"generation": generation.number, "checkpoint": source or "<demo>"}
+
+    def _allowed_checkpoint(self, checkpoint: str) -> str:
+        """Only directories under the configured reload roots may be read."""
+        real = os.path.realpath(checkpoint)
+        for root in self.config.reload_roots:
+            root = os.path.realpath(root)
+            if real == root or real.startswith(root.rstrip("/") + "/"):
+                if not os.path.isdir(real):
+                    raise ProtocolError(f"reload checkpoint {checkpoint}: no such directory")
+                return real
+        allowed = ", ".join(self.config.reload_roots) or "none configured (--reload-root)"
+        raise ProtocolError(f"reload checkpoint {checkpoint} is outside the reload roots ({allowed})")
+
+    # -- housekeeping (server thread) ------------------------------------------------------
+    def housekeeping(self) -> None:
+        for lease in self.leases.expire():
+            log.warning("lease of client %s (pid %d) expired after %.1f s without a heartbeat",
+                        lease.id, lease.pid, self.config.lease_seconds)
+        now = time.monotonic()
+        held = self.leases.generations_held()
+        for number, generation in list(self.retiring.items()):
+            grace_over = now - generation.retired_at > self.config.retire_grace_seconds
+            if number not in held or grace_over:
+                self.shm.unlink(generation.path)
+                del self.retiring[number]
+                log.info("removed generation %d's table %s (%s)", number, generation.path,
+                         "grace period over" if number in held else "no client holds it")
+
     def shutdown(self) -> None:
-        """Enter 'stopping', cancel any load, unlink the table; mapped clients keep their pages."""
-        if self.state != STOPPING:
-            self._set_state(STOPPING)
+        """Enter 'stopping', cancel any load, unlink our tables; mapped clients keep their pages."""
+        if not self.stopping:
+            self.stopping = True
+            self._announce()
         self._cancel_load.set()
         if self._load_thread is not None:
             self._load_thread.join(timeout=60.0)
             if self._load_thread.is_alive():
                 log.error("load thread did not stop within 60 s; exiting anyway")
-        if self.table_path is not None:
-            try:
-                os.unlink(self.table_path)
-                log.info("unlinked %s", self.table_path)
-            except FileNotFoundError:
-                pass
+        for generation in [self.current, *self.retiring.values()]:
+            if generation.path is not None and self.shm.unlink(generation.path):
+                log.info("unlinked %s", generation.path)
         self.shm.close()
 
-    # -- requests (server thread) -------------------------------------------------------
+    # -- requests (server thread) ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         with self._lock:
-            header, state, error, files = self.header, self.state, self.error, list(self.files)
+            current, pending, retiring = self.current, self.pending, list(self.retiring.values())
+        header = current.header
+        held = self.leases.generations_held()
         return {
-            "state": state, "generation": self.generation, "boot_id": self.boot_id, "version": __version__,
+            "state": self.state, "generation": current.number, "boot_id": self.boot_id, "version": __version__,
             "pid": os.getpid(), "started_at": self.started_at,
-            "checkpoint": header.checkpoint if header else (self.config.checkpoint or "<demo>"),
+            "checkpoint": current.checkpoint or "<demo>",
             "fingerprint": header.fingerprint if header else None,
-            "table_path": self.table_path if state == READY else None,
+            "table_path": current.path if current.state == READY else None,
             "table_bytes": header.total_bytes if header else 0,
-            "shm_dir": self.shm.directory, "files": files,
+            "adopted": current.adopted,
+            "shm_dir": self.shm.directory, "files": list(current.files),
             "layers": [entry.layout.to_dict() for entry in header.layers] if header else [],
-            "load": self._progress.snapshot(),
+            "load": current.progress.snapshot(),
+            "reload": pending.describe(held.get(pending.number, 0)) if pending else None,
+            "generations": [g.describe(held.get(g.number, 0)) for g in (current, *retiring)],
             "clients": self.leases.describe(), "lease_seconds": self.config.lease_seconds,
             "events_endpoint": self.config.events_endpoint,
-            "error": error,
+            "error": current.error,
         }
 
     def attach(self, pid: int, host: str, rank: int | None, device: str) -> dict[str, Any]:
-        if self.state != READY:
+        current = self.current
+        if self.stopping or current.state != READY:
             raise NotReadyError(f"no table to attach to: state is {self.state}"
-                                + (f" ({self.error})" if self.error else ""))
-        lease = self.leases.grant(pid, host, rank, device, self.generation)
-        log.info("client %s attached (pid %d on %s, device %s, rank %s)", lease.id, pid, host, device, rank)
+                                + (f" ({current.error})" if current.error else ""))
+        lease = self.leases.grant(pid, host, rank, device, current.number)
+        log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s)", lease.id,
+                 current.number, pid, host, device, rank)
         return {"client_id": lease.id, "lease_seconds": self.config.lease_seconds, "boot_id": self.boot_id,
-                "generation": self.generation, "table_path": self.table_path,
-                "fingerprint": self.header.fingerprint}
+                "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint}
 
     def heartbeat(self, client_id: str) -> dict[str, Any]:
-        if self.leases.renew(client_id) is None:
+        lease = self.leases.renew(client_id)
+        if lease is None:
             raise UnknownClientError(f"no lease {client_id!r}: it expired or was granted by an earlier daemon; attach again")
-        return {"boot_id": self.boot_id, "generation": self.generation, "lease_seconds": self.config.lease_seconds}
+        return {"boot_id": self.boot_id, "generation": self.generation, "lease_generation": lease.generation,
+                "lease_seconds": self.config.lease_seconds}
 
     def detach(self, client_id: str) -> dict[str, Any]:
         if not self.leases.release(client_id):
             raise UnknownClientError(f"no lease {client_id!r} to detach")
         log.info("client %s detached", client_id)
         return {"detached": client_id}
-
-    def expire_leases(self) -> None:
-        for lease in self.leases.expire():
-            log.warning("lease of client %s (pid %d) expired after %.1f s without a heartbeat",
-                        lease.id, lease.pid, self.config.lease_seconds)

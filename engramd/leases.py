@@ -51,6 +51,13 @@ class LeaseTable:
             del self._leases[lease.id]
         return gone
 
+    def generations_held(self) -> dict[int, int]:
+        """Generation -> number of leases on it."""
+        held: dict[int, int] = {}
+        for lease in self._leases.values():
+            held[lease.generation] = held.get(lease.generation, 0) + 1
+        return held
+
     def describe(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         return [lease.to_dict(now) for lease in self._leases.values()]

@@ -25,7 +25,8 @@ from engram_client import protocol
 from engram_client.errors import EngramError, ProtocolError
 
 from .config import ConfigError, ServeConfig
-from .daemon import LOADING, Daemon
+from .daemon import Daemon
+from .generation import LOADING
 from .ops import OPERATIONS
 from .progress import ProgressBar
 
@@ -170,10 +171,10 @@ class Server:
             while not self.daemon.stop_requested.is_set():
                 if poller.poll(POLL_MS):
                     self._drain()
-                self.daemon.expire_leases()
+                self.daemon.housekeeping()
                 self._publish_events()
                 if self.progress is not None:
-                    self.progress.update(self.daemon.state == LOADING, self.daemon._progress.snapshot())
+                    self.progress.update(self.daemon.state == LOADING, self.daemon.current.progress.snapshot())
             self.daemon.shutdown()
             self._publish_events()
             time.sleep(0.05)  # let the last 'stopping' event leave the PUB socket

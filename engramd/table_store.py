@@ -73,23 +73,42 @@ class ShmDir:
         return os.path.join(self.directory, f"engramd-{self.instance}-g{generation}.table")
 
     def remove_orphans(self) -> list[str]:
-        """Remove table files whose owning daemon is dead (its lock is free); return their paths."""
+        """Remove table files whose owning daemon is dead (its lock is free) and our own
+        unfinished ones; keep our own complete tables for re-adoption.  Returns what went."""
         removed = []
         for name in sorted(os.listdir(self.directory)):
             match = _TABLE_NAME.match(name)
             if not match:
                 continue
-            owner = match.group(1)
+            owner, partial = match.group(1), bool(match.group(3))
+            if owner == self.instance and not partial:
+                continue  # a complete table of ours, left by our predecessor: see own_tables()
             if owner != self.instance and self._owner_alive(owner):
                 continue
             path = os.path.join(self.directory, name)
-            try:
-                os.unlink(path)
+            if self.unlink(path):
                 removed.append(path)
                 log.info("removed table file %s left by a daemon that is gone", path)
-            except FileNotFoundError:
-                pass
         return removed
+
+    def own_tables(self) -> list[tuple[int, str]]:
+        """Our complete table files, newest generation first."""
+        found = []
+        for name in os.listdir(self.directory):
+            match = _TABLE_NAME.match(name)
+            if match and match.group(1) == self.instance and not match.group(3):
+                found.append((int(match.group(2)), os.path.join(self.directory, name)))
+        return sorted(found, reverse=True)
+
+    def unlink(self, path: str) -> bool:
+        """Remove one of the files this class names; refuses any other path."""
+        if os.path.dirname(path) != self.directory or not _TABLE_NAME.match(os.path.basename(path)):
+            raise TableFileError(f"refusing to unlink {path}: not a table file of {self.directory}")
+        try:
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return False
 
     def _owner_alive(self, owner: str) -> bool:
         lock_path = os.path.join(self.directory, f"engramd-{owner}.lock")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from .attach import Attach
 from .detach import Detach
 from .heartbeat import Heartbeat
+from .reload import Reload
 from .status import Status
 from .stop import Stop
 
-OPERATIONS = {op.name: op for op in (Attach(), Heartbeat(), Detach(), Status(), Stop())}
+OPERATIONS = {op.name: op for op in (Attach(), Heartbeat(), Detach(), Status(), Stop(), Reload())}

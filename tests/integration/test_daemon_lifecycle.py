@@ -95,18 +95,31 @@ def test_same_endpoint_twice_is_refused(demo_daemon, daemon_factory):
     assert demo_daemon.status()["state"] == "ready"
 
 
-def test_kill_9_then_clean_restart(daemon_factory):
+def test_kill_9_then_restart_readopts_the_complete_table(daemon_factory):
     first = daemon_factory("--demo-seed", "5")
     status = first.wait_state("ready")
     first.kill(signal.SIGKILL)
-    assert os.path.exists(status["table_path"]), "kill -9 cannot unlink; the next start must"
+    assert os.path.exists(status["table_path"]), "kill -9 cannot unlink"
     with pytest.raises(DaemonUnavailableError):
         first.connection.request("status", timeout=0.5)
     second = daemon_factory("--demo-seed", "5")
     restarted = second.wait_state("ready")
+    assert restarted["adopted"] is True
     assert restarted["boot_id"] != status["boot_id"]
-    assert "cleaned up" in second.log()
+    assert restarted["table_path"] == status["table_path"] and restarted["generation"] == status["generation"]
+    assert restarted["fingerprint"] == status["fingerprint"]
     assert second.table_files() == [os.path.basename(restarted["table_path"])]
+
+
+def test_kill_9_then_restart_with_another_table_loads_afresh(daemon_factory):
+    first = daemon_factory("--demo-seed", "5")
+    old = first.wait_state("ready")
+    first.kill(signal.SIGKILL)
+    second = daemon_factory("--demo-seed", "6")  # a different table: the old one must not be served
+    new = second.wait_state("ready")
+    assert new["adopted"] is False and new["fingerprint"] != old["fingerprint"]
+    assert "not the one to serve" in second.log()
+    assert second.table_files() == [os.path.basename(new["table_path"])]
 
 
 def test_orphan_of_another_live_daemon_is_left_alone(daemon_factory):

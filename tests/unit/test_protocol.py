@@ -77,7 +77,7 @@ def test_check_version_refuses(message, expected):
 
 def test_request_builder_is_parsed_back():
     message = protocol.request("heartbeat", 42, {"client_id": "c1-1"})
-    assert message["v"] == protocol.VERSION_STRING == "1.0"
+    assert message["v"] == protocol.VERSION_STRING == "1.1"
     assert protocol.parse_request(protocol.unpack(protocol.pack(message))) == (42, "heartbeat", {"client_id": "c1-1"})
     assert protocol.parse_request({"v": "1.3", "id": "s", "op": "status"}) == ("s", "status", {})  # args optional
 
@@ -208,14 +208,14 @@ def test_handlers_on_a_loaded_table(tmp_path):
         deadline = time.monotonic() + 30
         while daemon.state == LOADING and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert daemon.state == READY, f"demo load did not finish: state {daemon.state}, error {daemon.error}"
+        assert daemon.state == READY, f"demo load did not finish: state {daemon.state}, error {daemon.current.error}"
         attach = OPERATIONS["attach"].execute(daemon, {"pid": os.getpid(), "rank": 3, "device": "cpu"})
         assert attach["boot_id"] == daemon.boot_id and attach["generation"] == 1
         assert os.path.dirname(attach["table_path"]) == str(tmp_path) and os.path.exists(attach["table_path"])
         assert attach["fingerprint"] == "demo-v50-s0" and attach["lease_seconds"] == 10.0
         client_id = attach["client_id"]
         beat = OPERATIONS["heartbeat"].execute(daemon, {"client_id": client_id})
-        assert beat == {"boot_id": daemon.boot_id, "generation": 1, "lease_seconds": 10.0}
+        assert beat == {"boot_id": daemon.boot_id, "generation": 1, "lease_generation": 1, "lease_seconds": 10.0}
         clients = OPERATIONS["status"].execute(daemon, {})["clients"]
         assert [(c["id"], c["rank"], c["pid"]) for c in clients] == [(client_id, 3, os.getpid())]
         assert OPERATIONS["detach"].execute(daemon, {"client_id": client_id}) == {"detached": client_id}

@@ -298,10 +298,11 @@ def test_remove_orphans_spares_live_owners_and_other_files(tmp_path):
     live_dir = ShmDir(str(tmp_path), live)
     (tmp_path / f"engramd-{dead}.lock").write_text("12345\n")  # left by a daemon that died: lock free
     orphans = [f"engramd-{dead}-g1.table", f"engramd-{dead}-g2.table.partial", f"engramd-{lockless}-g3.table",
-               f"engramd-{me}-g1.table"]  # my own, left by my previous run
+               f"engramd-{me}-g2.table.partial"]  # my own unfinished one, left by my previous run
     kept = [f"engramd-{live}-g5.table", f"engramd-{live}-g6.table.partial", f"engramd-{dead}-g1.table.bak",
             f"engramd-{dead}.lock", "engramd-notes.txt", "engramd-XYZXYZXYZXYZ-g1.table", "other.table",
-            f"engramd-{dead}-gx.table"]
+            f"engramd-{dead}-gx.table",
+            f"engramd-{me}-g1.table"]  # my own complete one: kept for re-adoption
     for name in orphans + kept:
         if not (tmp_path / name).exists():
             (tmp_path / name).write_bytes(b"x")
@@ -312,6 +313,9 @@ def test_remove_orphans_spares_live_owners_and_other_files(tmp_path):
         assert not any((tmp_path / name).exists() for name in orphans)
         assert all((tmp_path / name).exists() for name in kept)
         assert os.path.exists(live_dir.lock_path) and os.path.exists(mine.lock_path)
+        assert mine.own_tables() == [(1, str(tmp_path / f"engramd-{me}-g1.table"))]
+        with pytest.raises(TableFileError, match="refusing to unlink"):
+            mine.unlink(str(tmp_path / "other.table"))
 
         live_dir.close()  # its owner is gone now: its tables are orphans too
         removed = mine.remove_orphans()
