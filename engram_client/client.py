@@ -6,7 +6,9 @@
 Construction connects, waits (bounded) until the daemon's table is ready, attaches,
 maps the table read-only, and on CUDA registers it (whole layers, or only the rows
 given in ``row_ranges``) and verifies that the GPU reads the same bytes as the
-host.  A heartbeat thread keeps the lease.  ``close()``, leaving the ``with``
+host.  A heartbeat thread keeps the lease, re-attaches after a daemon restart, and
+notices when the daemon serves a newer generation: ``refresh()`` moves to it at a
+point the caller chooses (or, with ``auto_refresh=True``, before the next lookup).  ``close()``, leaving the ``with``
 block, garbage collection and interpreter exit all detach, unregister and unmap;
 none of them can hang, since every request they make is bounded.
 """
@@ -23,15 +25,13 @@ from typing import Any
 import torch
 
 from .connection import DaemonConnection
-from .errors import (DaemonUnavailableError, EngramError, EngramTimeoutError, NotAttachedError,
-                     NotReadyError, TableFileError, UnknownClientError, CudaRegistrationError)
+from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
+                     NotAttachedError, NotReadyError, UnknownClientError)
 from .hot_rows import HotRowCache
-from .mapping import ReadOnlyMapping
+from .generation_map import MappedGeneration
 from .table import EngramTable
-from .table_file import read_header
 
 log = logging.getLogger("engram_client")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 STATUS_POLL_S = 0.1
 
 
@@ -46,15 +46,20 @@ class _Attachment:
 
     def __init__(self, connection: DaemonConnection):
         self.connection = connection
-        self.client_id: str | None = None
-        self.mapping: ReadOnlyMapping | None = None
-        self.registrations: list = []
+        self.mapped: MappedGeneration | None = None
         self.tables: dict[int, EngramTable] = {}
+        self.stream = None
         self.stop = threading.Event()
         self.heartbeat_thread: threading.Thread | None = None
         self.boot_id: str | None = None
         self.lease_lost = False
+        self.refresh_pending = False  # the daemon serves another generation than the one mapped
         self.attach_args: dict[str, Any] = {}
+        self.lock = threading.RLock()  # refresh vs heartbeat re-attach
+
+    @property
+    def client_id(self) -> str | None:
+        return self.mapped.lease_id if self.mapped is not None else None
 
     def heartbeat_loop(self, interval: float) -> None:
         while not self.stop.wait(interval):
@@ -70,35 +75,59 @@ class _Attachment:
             else:
                 if reply.get("boot_id") != self.boot_id:
                     self._reattach()
+                elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
+                    self.refresh_pending = True
 
     def _reattach(self) -> None:
-        """The daemon does not know us (lease expired, or a new daemon): attach again."""
-        try:
-            reply = self.connection.request("attach", self.attach_args, timeout=2.0)
-        except EngramError as exc:
-            self.lease_lost = True
-            log.warning("could not re-attach to engramd: %s", exc)
-            return
-        self.client_id, self.boot_id, self.lease_lost = reply["client_id"], reply["boot_id"], False
-        log.info("re-attached to engramd as %s", self.client_id)
+        """The daemon does not know our lease (it expired, or a new daemon runs): attach again.
+        The new lease is on whatever the daemon serves now; if that is not the table we map,
+        we keep serving from ours and flag a refresh."""
+        with self.lock:
+            try:
+                reply = self.connection.request("attach", self.attach_args, timeout=2.0)
+            except EngramError as exc:
+                self.lease_lost = True
+                log.warning("could not re-attach to engramd: %s", exc)
+                return
+            mapped = self.mapped
+            self.boot_id, self.lease_lost = reply["boot_id"], False
+            if mapped is None:
+                return
+            mapped.lease_id = reply["client_id"]
+            if (reply["table_path"], reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or \
+                    not _same_file(reply["table_path"], mapped):
+                self.refresh_pending = True
+            else:
+                mapped.generation = reply["generation"]
+            log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
+                     "; a refresh is pending" if self.refresh_pending else "")
 
     def release(self) -> None:
         self.stop.set()
         if self.heartbeat_thread is not None and self.heartbeat_thread is not threading.current_thread():
             self.heartbeat_thread.join(timeout=5.0)
-        if self.client_id is not None:
-            try:
-                self.connection.request("detach", {"client_id": self.client_id}, timeout=1.0)
-            except EngramError:
-                pass  # the daemon is gone or already dropped us; the lease expires by itself
-            self.client_id = None
-        self.tables.clear()
-        while self.registrations:
-            self.registrations.pop().unregister()
-        if self.mapping is not None:
-            self.mapping.close()
-            self.mapping = None
-        self.connection.close()
+        with self.lock:
+            if self.mapped is not None:
+                try:
+                    self.connection.request("detach", {"client_id": self.mapped.lease_id}, timeout=1.0)
+                except EngramError:
+                    pass  # the daemon is gone or already dropped us; the lease expires by itself
+                if self.stream is not None:
+                    self.stream.synchronize()
+                self.tables.clear()
+                self.mapped.release()
+                self.mapped = None
+            self.connection.close()
+
+
+def _same_file(path: str, mapped: MappedGeneration) -> bool:
+    """Whether ``path`` is still the file we mapped (a restarted daemon may reuse the name)."""
+    if mapped.mapping is None:
+        return False
+    try:
+        return os.stat(path).st_ino == mapped.mapping.inode
+    except OSError:
+        return False
 
 
 def _wait_until_ready(connection: DaemonConnection, timeout: float) -> dict[str, Any]:
@@ -127,7 +156,8 @@ class EngramClient:
     def __init__(self, endpoint: str | None = None, device: str | torch.device = "cuda:0", timeout: float = 60.0,
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
-                 lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16):
+                 lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16,
+                 auto_refresh: bool = False):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -137,6 +167,7 @@ class EngramClient:
             self.device = torch.device("cuda", self.device.index if self.device.index is not None
                                        else torch.cuda.current_device())
         self.endpoint = endpoint
+        self.auto_refresh = auto_refresh
         self._state = _Attachment(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
@@ -157,57 +188,101 @@ class EngramClient:
         _wait_until_ready(state.connection, timeout)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
                              "device": str(self.device)}
+        self._row_ranges, self._out_dtype, self._timeout = row_ranges, out_dtype, timeout
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
-        state.client_id, state.boot_id = reply["client_id"], reply["boot_id"]
-        self.generation = reply["generation"]
-        self.table_path = reply["table_path"]
-        header, _ = read_header(self.table_path)
-        if header.fingerprint != reply["fingerprint"]:
-            raise TableFileError(f"{self.table_path}: fingerprint {header.fingerprint} is not the daemon's "
-                                 f"{reply['fingerprint']}")
-        unknown = set(row_ranges) - {entry.layout.layer for entry in header.layers}
-        if unknown:
-            raise ValueError(f"row_ranges names layers {sorted(unknown)} that the table does not have")
-        state.mapping = ReadOnlyMapping(self.table_path, header.total_bytes)
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        for entry in header.layers:
-            layout = entry.layout
-            lo, hi = row_ranges.get(layout.layer, (0, layout.rows))
-            if not (0 <= lo < hi <= layout.rows):
-                raise ValueError(f"row_ranges[{layout.layer}] = ({lo}, {hi}) is not within [0, {layout.rows})")
-            start, nbytes = entry.offset + lo * layout.row_bytes, (hi - lo) * layout.row_bytes
-            view = state.mapping.tensor(start, nbytes)
-            if self.device.type == "cuda":
-                view = self._register(view, start, nbytes)
+        state.boot_id = reply["boot_id"]
+        try:
+            state.mapped = MappedGeneration.open(reply, self.device, row_ranges)
+        except BaseException:
+            self._detach_quietly(reply["client_id"])
+            raise
+        state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        for layer, lv in state.mapped.layers.items():
             budget, refresh_every = self._hot_cache
-            cache = HotRowCache.for_budget(budget // len(header.layers), layout.head_dim, out_dtype, self.device,
-                                           refresh_every=refresh_every) if budget else None
-            state.tables[layout.layer] = EngramTable(layout, view, lo, hi, self.device, stream, out_dtype,
-                                                     wait_timeout=timeout, hot_cache=cache, **lookup_options)
-        self.layers = [entry.layout.layer for entry in header.layers]
+            cache = HotRowCache.for_budget(budget // len(state.mapped.layers), lv.layout.head_dim, out_dtype,
+                                           self.device, refresh_every=refresh_every) if budget else None
+            state.tables[layer] = EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, state.stream, out_dtype,
+                                              wait_timeout=timeout, hot_cache=cache,
+                                              before_call=self._before_call_hook(), **lookup_options)
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)
             state.heartbeat_thread = threading.Thread(target=state.heartbeat_loop, args=(interval,),
                                                       name="engram-client-heartbeat", daemon=True)
             state.heartbeat_thread.start()
 
-    def _register(self, host_view: torch.Tensor, start: int, nbytes: int) -> torch.Tensor:
-        """Register [start, start + nbytes) of the mapping (page-rounded) and return its GPU view."""
-        from .cuda_host import HostRegistration
+    def _detach_quietly(self, lease_id: str) -> None:
+        try:
+            self._state.connection.request("detach", {"client_id": lease_id}, timeout=1.0)
+        except EngramError:
+            pass
 
+    def _before_call_hook(self):
+        """A hook for the tables that does not keep the client alive: a table reachable from
+        the finalizer's state must not hold the client, or it would never be collected."""
+        client_ref = weakref.ref(self)
+
+        def before_call() -> None:
+            client = client_ref()
+            if client is not None and client.auto_refresh and client._state.refresh_pending:
+                client.refresh()
+        return before_call
+
+    def refresh(self) -> bool:
+        """Move to the generation the daemon serves now, if it is not the one mapped.
+
+        Maps (and registers) the new table first; only then waits for this client's
+        in-flight lookups, swaps every table to the new rows, and releases the old
+        generation and its lease.  On any failure the old generation keeps serving.
+        Returns whether the client moved."""
         state = self._state
-        lo = start // PAGE * PAGE
-        hi = -(-(start + nbytes) // PAGE) * PAGE
-        registration = HostRegistration(state.mapping.address + lo, min(hi, state.mapping.nbytes) - lo, self.device)
-        state.registrations.append(registration)
-        view = registration.tensor()[start - lo:start - lo + nbytes]
-        # Prove the GPU sees the table's bytes: compare the first and last 4 KiB with the host mapping.
-        probe = min(4096, nbytes)
-        for host_part, device_part in ((host_view[:probe], view[:probe]), (host_view[-probe:], view[-probe:])):
-            if not torch.equal(device_part.cpu(), host_part):
-                raise CudaRegistrationError(f"{self.table_path}: the GPU reads different bytes than the host "
-                                            "at a registered range; refusing to serve from it")
-        return view
+        with state.lock:
+            old = state.mapped
+            if old is None:
+                raise NotAttachedError("client is closed")
+            status = state.connection.request("status", timeout=5.0)
+            if status["state"] != "ready" or (status["generation"], status["fingerprint"], status["table_path"]) == \
+                    (old.generation, old.fingerprint, old.path) and _same_file(old.path, old):
+                state.refresh_pending = False
+                return False
+            reply = state.connection.request("attach", state.attach_args, timeout=10.0)
+            try:
+                new = MappedGeneration.open(reply, self.device, self._row_ranges)
+            except BaseException:
+                self._detach_quietly(reply["client_id"])
+                raise
+            if state.stream is not None:
+                state.stream.synchronize()  # no kernel may still read the old pages
+            for layer in list(state.tables):
+                if layer not in new.layers:
+                    state.tables.pop(layer)._retire(f"layer {layer} is not in generation {new.generation}")
+            for layer, lv in new.layers.items():
+                if layer in state.tables:
+                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi)
+                else:
+                    state.tables[layer] = EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, state.stream,
+                                                      self._out_dtype, wait_timeout=self._timeout,
+                                                      before_call=self._before_call_hook())
+            state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
+            self._detach_quietly(old.lease_id)
+            old.release()
+            log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
+            return True
+
+    @property
+    def generation(self) -> int | None:
+        return self._state.mapped.generation if self._state.mapped is not None else None
+
+    @property
+    def table_path(self) -> str | None:
+        return self._state.mapped.path if self._state.mapped is not None else None
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self._state.tables)
+
+    @property
+    def refresh_pending(self) -> bool:
+        return self._state.refresh_pending
 
     # -- public API ------------------------------------------------------------------------
     def table(self, layer: int) -> EngramTable:

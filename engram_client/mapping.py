@@ -31,6 +31,7 @@ class ReadOnlyMapping:
         except OSError as exc:
             raise TableFileError(f"{path}: cannot open table file: {exc.strerror}") from exc
         try:
+            self.inode = os.fstat(fd).st_ino  # a restarted daemon may give a new table the same name
             address = _libc.mmap(None, nbytes, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         finally:
             os.close(fd)  # the mapping keeps the file alive, even once it is unlinked

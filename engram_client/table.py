@@ -8,11 +8,12 @@ is never read and raises IdsOutOfRangeError.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .dequant import dequantize_rows
-from .errors import EngramError, IdsOutOfRangeError
+from .errors import EngramError, IdsOutOfRangeError, NotAttachedError
 from .layout import LayerLayout
 from .hot_rows import HotRowCache
 from .prefetch import PrefetchHandle
@@ -42,6 +43,8 @@ class EngramTable:
     # kernels while a prefetch runs beside them.  None: one program per block of ids.
     max_programs: int | None = None
     hot_cache: HotRowCache | None = None
+    before_call: Callable[[], None] | None = None  # the client's hook: an automatic refresh happens here
+    retired: str | None = None  # why this table can no longer serve
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -86,12 +89,25 @@ class EngramTable:
     def _count_out_of_range(self, ids: torch.Tensor) -> int:
         return int(((ids < self.row_lo) | (ids >= self.row_hi)).sum())
 
+    def _swap(self, layout: LayerLayout, rows_view: torch.Tensor, row_lo: int, row_hi: int) -> None:
+        """Serve another generation's rows from now on (the client has drained the stream)."""
+        self.layout, self.rows_view, self.row_lo, self.row_hi = layout, rows_view, row_lo, row_hi
+        if self.hot_cache is not None:
+            self.hot_cache.clear()  # cached rows are the old generation's
+
+    def _retire(self, reason: str) -> None:
+        self.retired, self.rows_view = reason, None
+
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """bf16 rows [*ids.shape, head_dim] on the client's device; blocks until they are there."""
         return self.prefetch(ids).wait()
 
     def prefetch(self, ids: torch.Tensor) -> PrefetchHandle:
         """Start a lookup and return at once (on CUDA); ``wait()`` on the handle collects it."""
+        if self.before_call is not None:
+            self.before_call()
+        if self.retired is not None:
+            raise NotAttachedError(self.retired)
         self._check_ids(ids)
         shape = tuple(ids.shape)
         flat = ids.reshape(-1)

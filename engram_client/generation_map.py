@@ -1,0 +1,88 @@
+"""One table generation as a client holds it: the read-only mapping and, on CUDA, its
+registrations and GPU views, one per layer (whole, or the rows of ``row_ranges``)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import CudaRegistrationError, TableFileError
+from .layout import LayerLayout
+from .mapping import ReadOnlyMapping
+from .table_file import read_header
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class LayerView:
+    layout: LayerLayout
+    view: torch.Tensor  # uint8 bytes of rows [lo, hi)
+    lo: int
+    hi: int
+
+
+@dataclass
+class MappedGeneration:
+    generation: int
+    path: str
+    fingerprint: str
+    lease_id: str
+    mapping: ReadOnlyMapping | None = None
+    registrations: list = field(default_factory=list)
+    layers: dict[int, LayerView] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, reply: dict, device: torch.device, row_ranges: dict[int, tuple[int, int]]) -> "MappedGeneration":
+        """Map (and on CUDA register and verify) the table an attach reply names."""
+        path = reply["table_path"]
+        header, _ = read_header(path)
+        if header.fingerprint != reply["fingerprint"]:
+            raise TableFileError(f"{path}: fingerprint {header.fingerprint} is not the daemon's {reply['fingerprint']}")
+        unknown = set(row_ranges) - {entry.layout.layer for entry in header.layers}
+        if unknown:
+            raise ValueError(f"row_ranges names layers {sorted(unknown)} that the table does not have")
+        mapped = cls(reply["generation"], path, header.fingerprint, reply["client_id"])
+        try:
+            mapped.mapping = ReadOnlyMapping(path, header.total_bytes)
+            for entry in header.layers:
+                layout = entry.layout
+                lo, hi = row_ranges.get(layout.layer, (0, layout.rows))
+                if not (0 <= lo < hi <= layout.rows):
+                    raise ValueError(f"row_ranges[{layout.layer}] = ({lo}, {hi}) is not within [0, {layout.rows})")
+                start, nbytes = entry.offset + lo * layout.row_bytes, (hi - lo) * layout.row_bytes
+                view = mapped.mapping.tensor(start, nbytes)
+                if device.type == "cuda":
+                    view = mapped._register(view, start, nbytes, device)
+                mapped.layers[layout.layer] = LayerView(layout, view, lo, hi)
+        except BaseException:
+            mapped.release()
+            raise
+        return mapped
+
+    def _register(self, host_view: torch.Tensor, start: int, nbytes: int, device: torch.device) -> torch.Tensor:
+        """Register [start, start + nbytes) of the mapping (page-rounded) and return its GPU view."""
+        from .cuda_host import HostRegistration
+
+        lo = start // PAGE * PAGE
+        hi = -(-(start + nbytes) // PAGE) * PAGE
+        registration = HostRegistration(self.mapping.address + lo, min(hi, self.mapping.nbytes) - lo, device)
+        self.registrations.append(registration)
+        view = registration.tensor()[start - lo:start - lo + nbytes]
+        # Prove the GPU sees the table's bytes: compare the first and last 4 KiB with the host mapping.
+        probe = min(4096, nbytes)
+        for host_part, device_part in ((host_view[:probe], view[:probe]), (host_view[-probe:], view[-probe:])):
+            if not torch.equal(device_part.cpu(), host_part):
+                raise CudaRegistrationError(f"{self.path}: the GPU reads different bytes than the host "
+                                            "at a registered range; refusing to serve from it")
+        return view
+
+    def release(self) -> None:
+        """Unregister and unmap.  Callers make sure no kernel still reads these pages."""
+        self.layers.clear()
+        while self.registrations:
+            self.registrations.pop().unregister()
+        if self.mapping is not None:
+            self.mapping.close()
+            self.mapping = None
