@@ -7,6 +7,7 @@ callers (the rank's thread and the heartbeat thread share a connection).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from typing import Any
@@ -18,17 +19,42 @@ from .errors import REPLY_ERRORS, DaemonUnavailableError, ProtocolError, Request
 
 
 class DaemonConnection:
-    def __init__(self, endpoint: str | None = None):
+    def __init__(self, endpoint: str | None = None, curve_keys_dir: str | None = None):
         self.endpoint = endpoint or protocol.default_endpoint()
+        self.curve_keys_dir = curve_keys_dir
+        if self.endpoint.startswith("tcp://") and curve_keys_dir is None:
+            raise ProtocolError(f"{self.endpoint}: engramd serves TCP only with CURVE; give the keys directory")
+        self._check_socket_access()
         self._context = zmq.Context.instance()
         self._socket: zmq.Socket | None = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
+    def _check_socket_access(self) -> None:
+        """A socket file we may not open would only show up as a timeout; say so at once."""
+        path = protocol.ipc_path(self.endpoint)
+        if path is not None and os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+            raise DaemonUnavailableError(f"permission denied on {path}: this user may not talk to engramd "
+                                         "(the daemon's --group decides who may)")
+        directory = os.path.dirname(path) if path else None
+        if directory and os.path.isdir(directory) and not os.access(directory, os.X_OK):
+            raise DaemonUnavailableError(f"permission denied on {directory}: this user may not reach engramd's "
+                                         "socket (the daemon's --group decides who may)")
+
     def _open(self) -> zmq.Socket:
         if self._socket is None:
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self.curve_keys_dir is not None:
+                from zmq.auth import load_certificate
+
+                try:
+                    public, secret = load_certificate(os.path.join(self.curve_keys_dir, "client.key_secret"))
+                    server_public, _ = load_certificate(os.path.join(self.curve_keys_dir, "server.key"))
+                except (OSError, ValueError) as exc:
+                    sock.close(linger=0)
+                    raise ProtocolError(f"cannot read CURVE keys in {self.curve_keys_dir}: {exc}") from exc
+                sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server_public
             try:
                 sock.connect(self.endpoint)
             except zmq.ZMQError as exc:

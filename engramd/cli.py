@@ -57,13 +57,18 @@ def main() -> None:
               help="Directory under which `reload --checkpoint` may read [default: the checkpoint's parent].")
 @click.option("--retire-grace-seconds", default=600.0, show_default=True, type=float,
               help="A replaced generation's file is removed once no client holds it, or after this long.")
+@click.option("--group", default=None, help="Also let this group use the socket and read the table (modes 0660/0640).")
+@click.option("--remote-status", default=None, metavar="tcp://HOST:PORT",
+              help="Also answer status (only) over TCP, with CURVE; needs --curve-keys-dir.")
+@click.option("--curve-keys-dir", default=None, type=click.Path(file_okay=False),
+              help="Keys made by `engramd keys DIR`: the server keypair and authorized/ client keys.")
 @click.option("--demo-vocab-size", default=None, type=int, help="Vocab size of the demo table [default: 2000].")
 @click.option("--demo-seed", default=0, show_default=True, type=int)
 @click.option("--progress/--no-progress", default=None, help="Progress bar while loading [default: on a terminal].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seconds, max_load_rate, reload_roots,
-          retire_grace_seconds, demo_vocab_size, demo_seed, progress, log_level) -> None:
+          retire_grace_seconds, group, remote_status, curve_keys_dir, demo_vocab_size, demo_seed, progress, log_level) -> None:
     """Load the table into the shm dir and serve it until stopped."""
     from .config import ServeConfig
     from .server import Server
@@ -76,6 +81,7 @@ def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seco
                              shm_dir=shm_dir, load_threads=load_threads, lease_seconds=lease_seconds,
                              max_load_rate=None if max_load_rate is None else max_load_rate * 1e6,
                              reload_roots=list(reload_roots), retire_grace_seconds=retire_grace_seconds,
+                             group=group, remote_status=remote_status, curve_keys_dir=curve_keys_dir,
                              demo_seed=demo_seed, progress_bar=sys.stderr.isatty() if progress is None else progress,
                              **kwargs)
         server = Server(config)
@@ -106,11 +112,16 @@ def _print_status(status: dict) -> None:
 @main.command()
 @socket_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
+@click.option("--curve-keys-dir", default=None, type=click.Path(file_okay=False),
+              help="For a tcp:// socket: use DIR/client.key_secret and trust DIR/server.key.")
 @click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
               help="Wait up to this long for the table to be ready.")
-def status(endpoint, as_json, wait_s) -> None:
+def status(endpoint, as_json, curve_keys_dir, wait_s) -> None:
     """Print the daemon's status; exit 0 iff its table is ready (1 not ready, 3 unreachable)."""
-    connection = DaemonConnection(endpoint)
+    try:
+        connection = DaemonConnection(endpoint, curve_keys_dir=curve_keys_dir)
+    except EngramError as exc:
+        _fail(str(exc))
     deadline = time.monotonic() + wait_s
     try:
         while True:
@@ -255,6 +266,18 @@ def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
     from .demo_job import run_demo
 
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+def keys(directory) -> None:
+    """Create CURVE keys for --remote-status: a server keypair and one authorized client keypair."""
+    from .remote_status import create_keys
+
+    paths = create_keys(directory)
+    click.echo(f"server: {paths['server_secret']} (give the daemon --curve-keys-dir {directory})")
+    click.echo(f"client: {paths['client_secret']} (authorized in {paths['authorized']}); "
+               f"status --socket tcp://... --curve-keys-dir {directory}")
 
 
 @main.command()

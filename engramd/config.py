@@ -1,6 +1,7 @@
 """The daemon's settings: one dataclass, validated where it is built."""
 from __future__ import annotations
 
+import grp
 import os
 from dataclasses import dataclass, field
 
@@ -27,6 +28,9 @@ class ServeConfig:
     max_load_rate: float | None = None  # bytes per second; None loads as fast as the machine allows
     reload_roots: list[str] = field(default_factory=list)  # where `reload` may read checkpoints from
     retire_grace_seconds: float = 600.0  # a retired generation's file goes after this even if still held
+    group: str | None = None  # a group that may use the socket and read the table, besides the owner
+    remote_status: str | None = None  # a tcp:// endpoint answering status only, with CURVE
+    curve_keys_dir: str | None = None
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
@@ -35,6 +39,14 @@ class ServeConfig:
         if self.endpoint.startswith("tcp://"):
             # Unauthenticated TCP would let anyone on the network stop the daemon.
             raise ConfigError(f"endpoint {self.endpoint!r}: TCP endpoints are refused; use an ipc:// path")
+        if self.remote_status and not self.curve_keys_dir:
+            raise ConfigError(f"--remote-status {self.remote_status}: TCP is served only with CURVE authentication; "
+                              "give --curve-keys-dir (create one with `engramd keys DIR`)")
+        if self.group is not None:
+            try:
+                self.gid = grp.getgrnam(self.group).gr_gid
+            except KeyError as exc:
+                raise ConfigError(f"--group {self.group}: no such group") from exc
         self.events_endpoint = self.events_endpoint or pub_endpoint_for(self.endpoint)
         if not self.events_endpoint.startswith(("ipc://", "inproc://")):
             raise ConfigError(f"events endpoint {self.events_endpoint!r}: only ipc:// endpoints are served")

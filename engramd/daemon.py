@@ -61,7 +61,8 @@ class Daemon:
         self._lock = threading.Lock()
         self._load_thread: threading.Thread | None = None
         self._on_state_change = on_state_change or (lambda state: None)
-        self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint))
+        group = getattr(config, "gid", None) if config.group else None
+        self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if group is not None else 0o600, group)
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
 

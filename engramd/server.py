@@ -29,6 +29,7 @@ from .daemon import Daemon
 from .generation import LOADING
 from .ops import OPERATIONS
 from .progress import ProgressBar
+from .remote_status import RemoteStatus
 
 log = logging.getLogger("engramd.server")
 POLL_MS = 100
@@ -74,11 +75,14 @@ class Server:
         self.lock = EndpointLock(config.endpoint)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.context = zmq.Context()
-        self.router = self.pub = None
+        self.router = self.pub = self.remote = None
         try:
             self.daemon = Daemon(config, on_state_change=self.events.put)
             self.router = self._bind(zmq.ROUTER, config.endpoint)
             self.pub = self._bind(zmq.PUB, config.events_endpoint)
+            if config.remote_status:
+                self.remote = RemoteStatus(self.context, config.remote_status, config.curve_keys_dir)
+                log.info("remote status on %s (CURVE, keys in %s)", config.remote_status, config.curve_keys_dir)
         except BaseException:
             self._close_sockets()
             if hasattr(self, "daemon"):
@@ -96,7 +100,7 @@ class Server:
             # Set before bind: the listener hands its options to each connection it accepts.
             sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
         path = protocol.ipc_path(endpoint)
-        old_umask = os.umask(0o077)  # the socket file is created owner-only
+        old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -105,11 +109,18 @@ class Server:
         finally:
             os.umask(old_umask)
         if path is not None:
-            os.chmod(path, 0o600)
+            gid = getattr(self.config, "gid", None) if self.config.group else None
+            if gid is not None:
+                os.chown(path, -1, gid)
+                directory = os.path.dirname(path)
+                if os.stat(directory).st_uid == os.getuid():
+                    os.chown(directory, -1, gid)
+                    os.chmod(directory, 0o750)
+            os.chmod(path, 0o660 if gid is not None else 0o600)
         return sock
 
     # -- request handling --------------------------------------------------------------
-    def handle(self, frames: list[bytes]) -> list[bytes] | None:
+    def handle(self, frames: list[bytes], allowed: tuple[str, ...] | None = None) -> list[bytes] | None:
         """One request's frames in, the reply's frames out (None: drop, cannot be answered)."""
         if len(frames) < 2:
             return None
@@ -124,6 +135,8 @@ class Server:
             message = protocol.unpack(body[0])
             request_id = message.get("id") if isinstance(message.get("id"), (int, str)) else None
             request_id, op, args = protocol.parse_request(message)
+            if allowed is not None and op not in allowed:
+                raise ProtocolError(f"operation {op!r} is not served on this endpoint (only {', '.join(allowed)})")
             reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args))
         except EngramError as exc:
             log.warning("refused request %r: %s: %s", request_id, type(exc).__name__, exc)
@@ -133,16 +146,16 @@ class Server:
             reply = protocol.error_reply(request_id, "internal", type(exc).__name__, f"internal error: {exc}")
         return envelope + [protocol.pack(reply)]
 
-    def _drain(self) -> None:
+    def _drain(self, sock: zmq.Socket, allowed: tuple[str, ...] | None = None) -> None:
         for _ in range(DRAIN_PER_POLL):
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            reply = self.handle(frames)
+            reply = self.handle(frames, allowed)
             if reply is not None:
                 try:
-                    self.router.send_multipart(reply, zmq.NOBLOCK)
+                    sock.send_multipart(reply, zmq.NOBLOCK)
                 except zmq.ZMQError as exc:  # the peer went away or its queue is full
                     log.warning("could not send a reply: %s", exc)
 
@@ -168,9 +181,14 @@ class Server:
             self.daemon.start_load()
             poller = zmq.Poller()
             poller.register(self.router, zmq.POLLIN)
+            if self.remote is not None:
+                poller.register(self.remote.socket, zmq.POLLIN)
             while not self.daemon.stop_requested.is_set():
-                if poller.poll(POLL_MS):
-                    self._drain()
+                ready = dict(poller.poll(POLL_MS))
+                if self.router in ready:
+                    self._drain(self.router)
+                if self.remote is not None and self.remote.socket in ready:
+                    self._drain(self.remote.socket, allowed=("status",))
                 self.daemon.housekeeping()
                 self._publish_events()
                 if self.progress is not None:
@@ -187,6 +205,9 @@ class Server:
             log.info("engramd stopped")
 
     def _close_sockets(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
         for sock, endpoint in ((self.router, self.config.endpoint), (self.pub, self.config.events_endpoint)):
             if sock is None:
                 continue

@@ -43,10 +43,11 @@ def _gib(n: int) -> str:
 class ShmDir:
     """One daemon's view of its shm dir, holding the instance lock while open."""
 
-    def __init__(self, directory: str, instance: str, file_mode: int = 0o600):
+    def __init__(self, directory: str, instance: str, file_mode: int = 0o600, gid: int | None = None):
         self.directory = os.path.abspath(directory)
         self.instance = instance
         self.file_mode = file_mode
+        self.gid = gid
         if not os.path.isdir(self.directory):
             raise TableFileError(f"shm dir {self.directory} does not exist")
         self.lock_path = os.path.join(self.directory, f"engramd-{instance}.lock")
@@ -138,7 +139,7 @@ class ShmDir:
 
     def create(self, header: TableHeader) -> "TableWriter":
         self.check_space(header.total_bytes)
-        return TableWriter(self.table_path(header.generation), header, self.file_mode)
+        return TableWriter(self.table_path(header.generation), header, self.file_mode, self.gid)
 
 
 def is_hugetlbfs(path: str) -> bool:
@@ -163,11 +164,14 @@ class TableWriter:
     final_path: str
     header: TableHeader
     file_mode: int
+    gid: int | None = None
 
     def __post_init__(self) -> None:
         self.partial_path = self.final_path + ".partial"
         self.fd = os.open(self.partial_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, self.file_mode)
         try:
+            if self.gid is not None:
+                os.fchown(self.fd, -1, self.gid)
             os.fchmod(self.fd, self.file_mode)
             os.ftruncate(self.fd, self.header.total_bytes)
             try:
