@@ -84,6 +84,8 @@ def _read_file_header(path: str) -> _FileHeader:
             blob = f.read(length)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from exc
+    except ValueError as exc:  # a name with a NUL or an unencodable character: never a file
+        raise CheckpointError(f"{path!r}: not a usable file name: {exc}") from exc
     try:
         entries = json.loads(blob)
     except ValueError as exc:
