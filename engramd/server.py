@@ -29,6 +29,7 @@ from .daemon import Daemon
 from .generation import LOADING
 from .ops import OPERATIONS
 from .progress import ProgressBar
+from .notify import SystemdNotifier
 from .remote_status import RemoteStatus
 
 log = logging.getLogger("engramd.server")
@@ -90,6 +91,7 @@ class Server:
             self.lock.release()
             raise
         self.progress = ProgressBar(sys.stderr) if config.progress_bar else None
+        self.notifier = SystemdNotifier()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -167,6 +169,7 @@ class Server:
                 return
             event = protocol.state_event(state, self.daemon.generation, self.daemon.boot_id)
             self.pub.send(protocol.pack(event))
+            self.notifier.state(state, self.daemon.generation, self.daemon.current.error)
 
     # -- main loop ---------------------------------------------------------------------
     def serve_forever(self) -> int:
@@ -191,6 +194,9 @@ class Server:
                     self._drain(self.remote.socket, allowed=("status",))
                 self.daemon.housekeeping()
                 self._publish_events()
+                if self.daemon.state == LOADING:
+                    load = self.daemon.current.progress.snapshot()
+                    self.notifier.progress(load["done_bytes"], load["total_bytes"])
                 if self.progress is not None:
                     self.progress.update(self.daemon.state == LOADING, self.daemon.current.progress.snapshot())
             self.daemon.shutdown()
@@ -201,6 +207,7 @@ class Server:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._close_sockets()
+            self.notifier.close()
             self.lock.release()
             log.info("engramd stopped")
 

@@ -1,0 +1,59 @@
+"""systemd's readiness protocol: datagrams to $NOTIFY_SOCKET (sd_notify(3)), without libsystemd.
+
+READY=1 is sent only when a table is served, so `Type=notify` units order ranks after a
+ready table; STATUS= lines report load progress; STOPPING=1 precedes a clean stop.  Without
+$NOTIFY_SOCKET every call is a no-op.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+log = logging.getLogger("engramd.notify")
+
+
+class SystemdNotifier:
+    def __init__(self, address: str | None = None, status_interval: float = 1.0):
+        address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
+        self.address = None
+        if address:
+            # "@name" is an abstract-namespace socket: a leading NUL on the wire.
+            self.address = "\0" + address[1:] if address.startswith("@") else address
+        self.status_interval = status_interval
+        self._last_status = 0.0
+        self._ready_sent = False
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if self.address else None
+
+    def send(self, *fields: str) -> None:
+        if self._sock is None:
+            return
+        try:
+            self._sock.sendto("\n".join(fields).encode(), self.address)
+        except OSError as exc:  # systemd gone or the socket unwritable: never fatal to serving
+            log.warning("could not notify systemd at %s: %s", self.address, exc)
+
+    def state(self, state: str, generation: int, error: str | None = None) -> None:
+        if state == "ready":
+            fields = [f"STATUS=ready: generation {generation}"]
+            if not self._ready_sent:
+                fields.insert(0, "READY=1")
+                self._ready_sent = True
+            self.send(*fields)
+        elif state == "failed":
+            self.send(f"STATUS=load failed: {error}")
+        elif state == "stopping":
+            self.send("STOPPING=1", "STATUS=stopping")
+
+    def progress(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self._sock is None or now - self._last_status < self.status_interval or not total:
+            return
+        self._last_status = now
+        self.send(f"STATUS=loading: {done / 2**30:.2f} of {total / 2**30:.2f} GiB ({100 * done / total:.1f}%)")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
