@@ -19,6 +19,10 @@ from typing import Any
 from .errors import LayoutError
 
 QUANT_BLOCK = 32  # values per UE8M0 scale byte
+# Far above any real model (V4.1: n-grams up to 4, 8 heads, 256 wide, 2 layers, vocab 1.6e7), and
+# low enough that a damaged config cannot make the layout computation run for minutes.
+MAX_NGRAM, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS, MAX_VOCAB = 32, 4096, 65536, 1024, 1 << 40
+MAX_TOTAL_HEADS = 65536
 CONFIG_FIELDS = ("engram_layer_ids", "engram_num_embeddings", "engram_max_ngram_size",
                  "engram_n_heads", "engram_head_dim", "engram_vocab_size")
 
@@ -60,6 +64,18 @@ class EngramConfig:
 
     def __post_init__(self) -> None:
         where = self.source
+        for name, value, limit in (("engram_max_ngram_size", self.max_ngram, MAX_NGRAM),
+                                   ("engram_n_heads", self.n_heads, MAX_HEADS),
+                                   ("engram_head_dim", self.head_dim, MAX_HEAD_DIM),
+                                   ("number of engram_layer_ids", len(self.layer_ids), MAX_LAYERS)):
+            if value > limit:
+                raise LayoutError(f"{where}: {name} is {value}, more than the {limit} this reader accepts")
+        total_heads = len(self.layer_ids) * max(self.max_ngram - 1, 0) * max(self.n_heads, 0)
+        if total_heads > MAX_TOTAL_HEADS:
+            raise LayoutError(f"{where}: {total_heads} heads in all (layers x orders x heads), more than the "
+                              f"{MAX_TOTAL_HEADS} this reader accepts")
+        if any(v > MAX_VOCAB for v in self.vocab_sizes):
+            raise LayoutError(f"{where}: engram_vocab_size {max(self.vocab_sizes)} exceeds {MAX_VOCAB}")
         if not self.layer_ids:
             raise LayoutError(f"{where}: engram_layer_ids is empty")
         if len(set(self.layer_ids)) != len(self.layer_ids):
@@ -109,7 +125,7 @@ class EngramConfig:
             (integer("engram_num_embeddings", num),) * len(layer_ids)
         vocab = fields["engram_vocab_size"]
         vocab_sizes = integers("engram_vocab_size", vocab) if isinstance(vocab, list) else \
-            (integer("engram_vocab_size", vocab),) * max(max_ngram - 1, 0)
+            (integer("engram_vocab_size", vocab),) * min(max(max_ngram - 1, 0), MAX_NGRAM)  # checked in __post_init__
         return cls(layer_ids=layer_ids, num_embeddings=num_embeddings, max_ngram=max_ngram,
                    n_heads=integer("engram_n_heads", fields["engram_n_heads"]),
                    head_dim=integer("engram_head_dim", fields["engram_head_dim"]),
@@ -122,8 +138,8 @@ class EngramConfig:
                 raw = json.load(f)
         except FileNotFoundError as exc:
             raise LayoutError(f"{path}: config.json not found") from exc
-        except (OSError, ValueError) as exc:
-            raise LayoutError(f"{path}: cannot read config: {exc}") from exc
+        except (OSError, ValueError, RecursionError) as exc:
+            raise LayoutError(f"{path}: cannot read config: {type(exc).__name__}: {exc}") from exc
         if not isinstance(raw, dict):
             raise LayoutError(f"{path}: config must be a JSON object")
         return cls.from_dict(raw, source=os.fspath(path))

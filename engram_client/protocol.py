@@ -22,6 +22,7 @@ and the client all import it.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -34,6 +35,7 @@ VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.
 MAX_REQUEST_BYTES = 64 * 1024
+_VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})")
 OPERATIONS = ("attach", "heartbeat", "detach", "status", "stop", "reload")
 
 
@@ -58,9 +60,10 @@ def check_version(message: dict[str, Any]) -> None:
     version = message.get("v")
     if not isinstance(version, str):
         raise ProtocolError(f"message lacks a protocol version string 'v' (this side speaks {VERSION_STRING})")
-    major, _, minor = version.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        raise ProtocolError(f"protocol version {version!r} is not MAJOR.MINOR")
+    match = _VERSION.fullmatch(version)
+    if match is None:  # ASCII digits only, and short: int() of anything else is trouble
+        raise ProtocolError(f"protocol version {version[:32]!r} is not MAJOR.MINOR")
+    major = match.group(1)
     if int(major) != PROTOCOL_VERSION[0]:
         raise ProtocolError(f"protocol version {version} is not compatible with {VERSION_STRING} (major differs)")
 

@@ -88,8 +88,8 @@ def _read_file_header(path: str) -> _FileHeader:
         raise CheckpointError(f"{path!r}: not a usable file name: {exc}") from exc
     try:
         entries = json.loads(blob)
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: header is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: header is not valid JSON: {type(exc).__name__}: {exc}") from exc
     if not isinstance(entries, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
     return _FileHeader(path, size, mtime_ns, 8 + length, entries)
@@ -102,8 +102,8 @@ def _tensor_files(directory: str) -> dict[str, str] | list[str]:
         try:
             with open(index_path, encoding="utf-8") as f:
                 weight_map = json.load(f)["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index_path}: cannot read weight_map: {exc}") from exc
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise CheckpointError(f"{index_path}: cannot read weight_map: {type(exc).__name__}: {exc}") from exc
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index_path}: weight_map is not an object")
         return weight_map

@@ -1,0 +1,193 @@
+"""The daemon killed with SIGKILL at the worst moments: mid-load, and under attached ranks.
+
+A daemon is trusted only if nothing it does can take an inference rank down or lose
+a table.  kill -9 runs no cleanup, so what is on /dev/shm and what the ranks see is
+exactly what the daemon's write order guarantees:
+
+    - mid-load: only a ``*.partial`` file exists, no client can attach to it, and the
+      next daemon on the same socket and shm dir removes it and loads afresh, bit-exact;
+    - under ranks: their mappings stay valid, lookups go on, exact, with no exception.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from engram_client import DaemonUnavailableError, EngramClient, EngramTimeoutError, NotReadyError
+from engram_client.table_file import read_header
+from engram_client.errors import TableFileError
+from engramd.synth import write_checkpoint
+from exactness import assert_bf16_exact
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} within {timeout} s")
+        time.sleep(0.05)
+
+
+def checkpoint_tensors(directory) -> dict[str, np.ndarray]:
+    tensors = {}
+    for name in os.listdir(directory):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(directory, name), framework="pt") as f:
+                for key in f.keys():
+                    if ".engram.embed." in key:
+                        tensors[key] = f.get_tensor(key).view(torch.uint8).numpy()
+    return tensors
+
+
+def test_kill_9_mid_load_leaves_only_a_partial_that_the_next_daemon_replaces(daemon_factory, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(str(ckpt), vocab_size=3000, head_dim=256, seed=17)  # two layers of ~19 MB each
+    # At 2 MB/s the first layer's chunk goes at once and the second waits ~9 s: a load caught in the middle.
+    first = daemon_factory("--checkpoint", str(ckpt), "--max-load-rate", "2", "--load-threads", "2")
+    first.wait_state("loading", timeout=30)
+
+    def loading_with_progress():
+        status = first.status(timeout=2.0)
+        assert status["state"] == "loading", f"the load ended before the kill: {status['state']}"
+        return status if status["load"]["done_bytes"] > 0 else None
+
+    status = wait_for(loading_with_progress, 30, "the load never showed progress")
+    assert status["load"]["done_bytes"] < status["load"]["total_bytes"], "the load finished before the kill"
+    assert status["table_path"] is None
+    files = first.table_files()
+    assert len(files) == 1 and files[0].endswith(".partial"), files
+    partial = os.path.join(first.shm_dir, files[0])
+    with pytest.raises(NotReadyError):  # the protocol refuses an attach while loading
+        first.connection.request("attach", {"pid": os.getpid(), "device": "cpu"})
+    with pytest.raises(EngramTimeoutError, match="state loading"):
+        EngramClient(endpoint=first.endpoint, device="cpu", timeout=1.0)
+
+    first.kill(signal.SIGKILL)
+    assert first.table_files() == files, "kill -9 mid-load must leave only the partial file"
+    with pytest.raises(TableFileError, match="not complete"):  # even mapped by hand, it is refused
+        read_header(partial)
+    with pytest.raises(EngramTimeoutError, match="no answer"):
+        EngramClient(endpoint=first.endpoint, device="cpu", timeout=1.0)
+    with pytest.raises(DaemonUnavailableError):
+        first.connection.request("status", timeout=0.5)
+    assert first.table_files() == files
+
+    second = daemon_factory("--checkpoint", str(ckpt))  # same socket, same shm dir
+    ready = second.wait_state("ready", timeout=120)
+    assert ready["boot_id"] != status["boot_id"]
+    assert not os.path.exists(partial), "the next daemon left the dead one's partial file"
+    assert second.table_files() == [os.path.basename(ready["table_path"])]
+    assert ready["load"]["done_bytes"] == ready["load"]["total_bytes"] == status["load"]["total_bytes"]
+    header, _ = read_header(ready["table_path"])
+    assert header.total_bytes == os.path.getsize(ready["table_path"])
+
+    tensors = checkpoint_tensors(ckpt)
+    with EngramClient(endpoint=second.endpoint, device="cpu", timeout=30) as client:
+        for layer in client.layers:
+            table = client.table(layer)
+            ids = np.random.default_rng(layer).integers(0, table.num_rows, 300)
+            ids[:2] = 0, table.num_rows - 1
+            weight = tensors[f"model.layers.{layer}.engram.embed.weight"][ids]
+            scale = tensors[f"model.layers.{layer}.engram.embed.scale"][ids]
+            assert_bf16_exact(table.lookup(torch.from_numpy(ids)), weight, scale)
+
+
+# A rank: attach on CPU, look up in a loop checking every row, until told to stop.
+# stdin: "killed" (the daemon is gone from now on), then "stop".  stdout: one JSON line
+# when attached, one with the counts at the end.
+RANK = textwrap.dedent("""
+    import json, sys, threading, time
+    import numpy as np, torch
+    from engram_client import EngramClient
+    from engram_client.demo_rows import demo_rows
+    from engram_client.reference import reference_bf16_bits, same_bf16
+
+    endpoint, rank = sys.argv[1], int(sys.argv[2])
+    counts = {"rank": rank, "lookups": 0, "exact": 0, "mismatch": 0, "after_kill": 0,
+              "last_after_kill_s": 0.0, "max_gap_after_kill_s": 0.0, "errors": []}
+    killed_at, stop = [], threading.Event()
+
+    def control():
+        for line in sys.stdin:
+            if line.strip() == "killed":
+                killed_at.append(time.monotonic())
+            elif line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=control, daemon=True).start()
+    try:
+        client = EngramClient(endpoint=endpoint, device="cpu", rank=rank, timeout=30)
+        tables = {layer: client.table(layer) for layer in client.layers}
+        print(json.dumps({"attached": client.client_id}), flush=True)
+        rng, last = np.random.default_rng(rank), None
+        while not stop.is_set():
+            layer = client.layers[counts["lookups"] % len(client.layers)]
+            ids = rng.integers(0, tables[layer].num_rows, 512)
+            out = tables[layer].lookup(torch.from_numpy(ids)).view(torch.int16).numpy().view(np.uint16)
+            exact = bool(same_bf16(out, reference_bf16_bits(*demo_rows(0, layer, ids, 256))).all())
+            counts["lookups"] += 1
+            counts["exact" if exact else "mismatch"] += 1
+            now = time.monotonic()
+            if killed_at:
+                counts["after_kill"] += 1
+                counts["last_after_kill_s"] = now - killed_at[0]
+                gap = now - max(last if last is not None else killed_at[0], killed_at[0])
+                counts["max_gap_after_kill_s"] = max(counts["max_gap_after_kill_s"], gap)
+            last = now
+        client.close()
+    except BaseException as exc:
+        counts["errors"].append(repr(exc))
+    print(json.dumps(counts), flush=True)
+""")
+
+
+def test_ranks_keep_exact_lookups_when_the_daemon_is_killed(daemon_factory):
+    daemon = daemon_factory("--lease-seconds", "1.5")
+    status = daemon.wait_state("ready")
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, daemon.endpoint, str(rank)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for rank in range(3)]
+    try:
+        attached = [json.loads(rank.stdout.readline() or "{}") for rank in ranks]  # bounded by the client's timeout
+        assert all("attached" in line for line in attached), attached
+        wait_for(lambda: len(daemon.status()["clients"]) == 3, 10, "three leases were not held")
+        time.sleep(1.0)  # lookups under a live daemon
+
+        daemon.kill(signal.SIGKILL)
+        for rank in ranks:
+            rank.stdin.write("killed\n")
+            rank.stdin.flush()
+        assert os.path.exists(status["table_path"]), "kill -9 cannot unlink the table"
+        time.sleep(3.0)  # lookups with the daemon gone: heartbeats fail, the mappings must not
+        for rank in ranks:
+            rank.stdin.write("stop\n")
+            rank.stdin.flush()
+        results = []
+        for rank in ranks:
+            out, _ = rank.communicate(timeout=60)
+            results.append(json.loads(out.strip().splitlines()[-1]))
+            assert rank.returncode == 0, (rank.returncode, out)
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait(timeout=10)
+    print("\n" + "\n".join(json.dumps(result) for result in results))
+    for result in results:
+        assert result["errors"] == [], result
+        assert result["mismatch"] == 0 and result["exact"] == result["lookups"] > 0, result
+        assert result["after_kill"] > 0, f"rank {result['rank']} made no lookup after the kill: {result}"
+        assert result["last_after_kill_s"] > 2.0, f"rank {result['rank']} stopped looking up after the kill: {result}"
