@@ -7,7 +7,6 @@ other command exits non-zero with one ``error:`` line naming what is wrong.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
@@ -41,55 +40,6 @@ def main() -> None:
     """engramd: one Engram table per node, in /dev/shm, shared by every rank."""
 
 
-@main.command()
-@click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
-              help="Checkpoint directory; without it, the embedded demo table is served.")
-@socket_option
-@click.option("--events-socket", default=None, metavar="ENDPOINT", help="PUB endpoint [default: <socket>.events].")
-@click.option("--shm-dir", default="/dev/shm", show_default=True, type=click.Path(file_okay=False),
-              help="Where the table file lives (tmpfs, huge=always tmpfs or hugetlbfs).")
-@click.option("--load-threads", default=4, show_default=True, type=int, help="Parallel copy threads.")
-@click.option("--lease-seconds", default=10.0, show_default=True, type=float,
-              help="A client that sends no heartbeat for this long is dropped.")
-@click.option("--max-load-rate", default=None, type=float, metavar="MB_PER_S",
-              help="Cap the load's copy rate, to spare running engines' memory bandwidth [default: no cap].")
-@click.option("--reload-root", "reload_roots", multiple=True, type=click.Path(file_okay=False),
-              help="Directory under which `reload --checkpoint` may read [default: the checkpoint's parent].")
-@click.option("--retire-grace-seconds", default=600.0, show_default=True, type=float,
-              help="A replaced generation's file is removed once no client holds it, or after this long.")
-@click.option("--group", default=None, help="Also let this group use the socket and read the table (modes 0660/0640).")
-@click.option("--remote-status", default=None, metavar="tcp://HOST:PORT",
-              help="Also answer status (only) over TCP, with CURVE; needs --curve-keys-dir.")
-@click.option("--curve-keys-dir", default=None, type=click.Path(file_okay=False),
-              help="Keys made by `engramd keys DIR`: the server keypair and authorized/ client keys.")
-@click.option("--demo-vocab-size", default=None, type=int, help="Vocab size of the demo table [default: 2000].")
-@click.option("--demo-seed", default=0, show_default=True, type=int)
-@click.option("--progress/--no-progress", default=None, help="Progress bar while loading [default: on a terminal].")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(checkpoint, endpoint, events_socket, shm_dir, load_threads, lease_seconds, max_load_rate, reload_roots,
-          retire_grace_seconds, group, remote_status, curve_keys_dir, demo_vocab_size, demo_seed, progress, log_level) -> None:
-    """Load the table into the shm dir and serve it until stopped."""
-    from .config import ServeConfig
-    from .server import Server
-
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    kwargs = {} if demo_vocab_size is None else {"demo_vocab_size": demo_vocab_size}
-    try:
-        config = ServeConfig(checkpoint=checkpoint, endpoint=endpoint or "", events_endpoint=events_socket or "",
-                             shm_dir=shm_dir, load_threads=load_threads, lease_seconds=lease_seconds,
-                             max_load_rate=None if max_load_rate is None else max_load_rate * 1e6,
-                             reload_roots=list(reload_roots), retire_grace_seconds=retire_grace_seconds,
-                             group=group, remote_status=remote_status, curve_keys_dir=curve_keys_dir,
-                             demo_seed=demo_seed, progress_bar=sys.stderr.isatty() if progress is None else progress,
-                             **kwargs)
-        server = Server(config)
-    except EngramError as exc:
-        _fail(str(exc))
-    sys.exit(server.serve_forever())
-
-
 def _print_status(status: dict) -> None:
     from .progress import render
 
@@ -102,6 +52,14 @@ def _print_status(status: dict) -> None:
                    f"{len(layer['head_sizes'])} heads")
     if status["state"] == "loading":
         click.echo("  " + render(status["load"]["done_bytes"], status["load"]["total_bytes"]))
+    reload = status.get("reload")
+    if reload:
+        line = f"reload      generation {reload['generation']} from {reload['checkpoint']}: {reload['state']}"
+        if reload["state"] == "loading":
+            line += "  " + render(reload["load"]["done_bytes"], reload["load"]["total_bytes"])
+        click.echo(line + (f"  ({reload['error']})" if reload.get("error") else ""))
+    if status.get("numa_node") is not None:
+        click.echo(f"numa node   {status['numa_node']}")
     click.echo(f"clients     {len(status['clients'])}")
     for client in status["clients"]:
         attached = time.strftime("%H:%M:%S", time.localtime(client["attached_at"]))
@@ -313,6 +271,10 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
 
+
+from .serve_cli import serve  # noqa: E402  (after main exists; serve_cli needs nothing from here)
+
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

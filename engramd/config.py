@@ -31,6 +31,9 @@ class ServeConfig:
     group: str | None = None  # a group that may use the socket and read the table, besides the owner
     remote_status: str | None = None  # a tcp:// endpoint answering status only, with CURVE
     curve_keys_dir: str | None = None
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
+    numa_node: int | None = None
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
@@ -39,6 +42,11 @@ class ServeConfig:
         if self.endpoint.startswith("tcp://"):
             # Unauthenticated TCP would let anyone on the network stop the daemon.
             raise ConfigError(f"endpoint {self.endpoint!r}: TCP endpoints are refused; use an ipc:// path")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be 1..65535, got {self.metrics_port}")
+        if self.numa_node is not None:
+            from .numa import check_node
+            check_node(self.numa_node)
         if self.remote_status and not self.curve_keys_dir:
             raise ConfigError(f"--remote-status {self.remote_status}: TCP is served only with CURVE authentication; "
                               "give --curve-keys-dir (create one with `engramd keys DIR`)")

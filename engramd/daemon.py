@@ -39,6 +39,8 @@ from .config import ServeConfig
 from .generation import FAILED, LOADING, READY, Generation
 from .leases import LeaseTable
 from .loader import CheckpointSource, DemoSource, fill_table
+from .metrics import NoMetrics
+from .numa import bind_this_thread
 from .table_store import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
@@ -46,8 +48,9 @@ STOPPING = "stopping"
 
 
 class Daemon:
-    def __init__(self, config: ServeConfig, on_state_change: Callable[[str], None] | None = None):
+    def __init__(self, config: ServeConfig, on_state_change: Callable[[str], None] | None = None, metrics=None):
         self.config = config
+        self.metrics = metrics or NoMetrics()
         self.boot_id = uuid.uuid4().hex
         self.started_at = time.time()
         self.leases = LeaseTable(config.lease_seconds)
@@ -129,6 +132,7 @@ class Daemon:
         generation.number, generation.path, generation.header, generation.adopted = number, path, found, True
         self._last_number = max(self._last_number, number)
         generation.progress.total_bytes = generation.progress.done_bytes = sum(e.nbytes for e in found.layers)
+        self.metrics.readoptions.inc()
         log.info("re-adopted %s (generation %d) without reloading", path, number)
         return True
 
@@ -145,6 +149,8 @@ class Daemon:
                 return
             generation.header = header
             generation.progress.total_bytes = sum(entry.nbytes for entry in header.layers)
+            if self.config.numa_node is not None:
+                bind_this_thread(self.config.numa_node)  # fallocate below places every page on that node
             source = make_source()
             writer = self.shm.create(header)
             log.info("loading generation %d from %s into %s (%.2f GiB)", generation.number, header.checkpoint,
@@ -219,6 +225,7 @@ class Daemon:
     # -- housekeeping (server thread) ------------------------------------------------------
     def housekeeping(self) -> None:
         for lease in self.leases.expire():
+            self.metrics.lease_expiries.inc()
             log.warning("lease of client %s (pid %d) expired after %.1f s without a heartbeat",
                         lease.id, lease.pid, self.config.lease_seconds)
         now = time.monotonic()
@@ -259,7 +266,7 @@ class Daemon:
             "fingerprint": header.fingerprint if header else None,
             "table_path": current.path if current.state == READY else None,
             "table_bytes": header.total_bytes if header else 0,
-            "adopted": current.adopted,
+            "adopted": current.adopted, "numa_node": self.config.numa_node,
             "shm_dir": self.shm.directory, "files": list(current.files),
             "layers": [entry.layout.to_dict() for entry in header.layers] if header else [],
             "load": current.progress.snapshot(),

@@ -29,6 +29,7 @@ from .daemon import Daemon
 from .generation import LOADING
 from .ops import OPERATIONS
 from .progress import ProgressBar
+from .metrics import Metrics, NoMetrics
 from .notify import SystemdNotifier
 from .remote_status import RemoteStatus
 
@@ -78,9 +79,18 @@ class Server:
         self.context = zmq.Context()
         self.router = self.pub = self.remote = None
         try:
-            self.daemon = Daemon(config, on_state_change=self.events.put)
+            self.metrics = Metrics() if config.metrics_port is not None else NoMetrics()
+            self.daemon = Daemon(config, on_state_change=self.events.put, metrics=self.metrics)
             self.router = self._bind(zmq.ROUTER, config.endpoint)
             self.pub = self._bind(zmq.PUB, config.events_endpoint)
+            if config.metrics_port is not None:
+                self.metrics.watch(self.daemon)
+                try:
+                    self.metrics.serve(config.metrics_port, config.metrics_address)
+                except OSError as exc:
+                    raise ConfigError(f"cannot serve metrics on {config.metrics_address}:{config.metrics_port}: "
+                                      f"{exc.strerror}") from exc
+                log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)
             if config.remote_status:
                 self.remote = RemoteStatus(self.context, config.remote_status, config.curve_keys_dir)
                 log.info("remote status on %s (CURVE, keys in %s)", config.remote_status, config.curve_keys_dir)
@@ -140,10 +150,13 @@ class Server:
             if allowed is not None and op not in allowed:
                 raise ProtocolError(f"operation {op!r} is not served on this endpoint (only {', '.join(allowed)})")
             reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args))
+            self.metrics.requests.labels(op=op).inc()
         except EngramError as exc:
+            self.metrics.errors.labels(code=exc.code).inc()
             log.warning("refused request %r: %s: %s", request_id, type(exc).__name__, exc)
             reply = protocol.error_reply(request_id, exc.code, type(exc).__name__, str(exc))
         except Exception as exc:  # a bug in a handler must not take the daemon down
+            self.metrics.errors.labels(code="internal").inc()
             log.exception("request %r failed inside the daemon", request_id)
             reply = protocol.error_reply(request_id, "internal", type(exc).__name__, f"internal error: {exc}")
         return envelope + [protocol.pack(reply)]

@@ -1,0 +1,65 @@
+"""Prometheus metrics for the daemon, served on --metrics-port.
+
+Gauges are read from the daemon's state at scrape time (nothing to keep in step); counters
+are bumped where things happen: requests by operation and by error code (server.py),
+lease expiries and re-adoptions (daemon.py).
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+STATES = ("loading", "ready", "failed", "stopping")
+
+
+class DaemonCollector:
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def collect(self):
+        status = self.daemon.status()
+        state = GaugeMetricFamily("engramd_state", "1 for the daemon's current state", labels=["state"])
+        for name in STATES:
+            state.add_metric([name], 1.0 if status["state"] == name else 0.0)
+        yield state
+        yield GaugeMetricFamily("engramd_generation", "Table generation being served", value=status["generation"])
+        yield GaugeMetricFamily("engramd_table_bytes", "Size of the served table file", value=status["table_bytes"])
+        yield GaugeMetricFamily("engramd_load_done_bytes", "Bytes loaded so far (served generation)",
+                                value=status["load"]["done_bytes"])
+        yield GaugeMetricFamily("engramd_load_total_bytes", "Bytes to load (served generation)",
+                                value=status["load"]["total_bytes"])
+        yield GaugeMetricFamily("engramd_clients", "Clients holding a lease", value=len(status["clients"]))
+        reload = status["reload"]
+        yield GaugeMetricFamily("engramd_reload_loading", "1 while a reload loads beside the served table",
+                                value=1.0 if reload and reload["state"] == "loading" else 0.0)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("engramd_requests", "Requests answered, by operation", ["op"], registry=self.registry)
+        self.errors = Counter("engramd_request_errors", "Requests refused, by error code", ["code"],
+                              registry=self.registry)
+        self.lease_expiries = Counter("engramd_lease_expiries", "Leases dropped for want of a heartbeat",
+                                      registry=self.registry)
+        self.readoptions = Counter("engramd_readoptions", "Tables re-adopted from a predecessor at start",
+                                   registry=self.registry)
+
+    def watch(self, daemon) -> None:
+        self.registry.register(DaemonCollector(daemon))
+
+    def serve(self, port: int, address: str) -> None:
+        start_http_server(port, addr=address, registry=self.registry)
+
+
+class NoMetrics:
+    """Stands in when --metrics-port is not given, so call sites need no conditionals."""
+
+    class _Counter:
+        def labels(self, *args, **kwargs):
+            return self
+
+        def inc(self, amount: float = 1.0) -> None:
+            pass
+
+    requests = errors = lease_expiries = readoptions = _Counter()

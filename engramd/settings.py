@@ -1,0 +1,122 @@
+"""Every `engramd serve` setting in one table: its flag, environment variable, TOML key, default.
+
+Precedence, highest first (one rule for every setting):
+
+    1. the command-line flag            --shm-dir /mnt/huge
+    2. the environment variable         ENGRAMD_SHM_DIR=/mnt/huge
+    3. the TOML file (--config FILE or $ENGRAMD_CONFIG)   shm_dir = "/mnt/huge"
+    4. the built-in default
+
+A TOML key this table does not know is an error, never ignored.  ``--print-config``
+shows the effective value of each setting and where it came from.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from .config import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # TOML key, click parameter name
+    type: Any
+    default: Any
+    help: str
+    multiple: bool = False
+    flag: str | None = None  # overrides the flag spelled from the name
+    metavar: str | None = None
+
+    @property
+    def envvar(self) -> str:
+        return "ENGRAMD_" + self.name.upper()
+
+    def option(self):
+        flag = self.flag or "--" + self.name.replace("_", "-")
+        return click.option(flag, self.name, type=self.type, default=self.default, multiple=self.multiple,
+                            envvar=self.envvar, show_envvar=True, show_default=self.default not in (None, ()),
+                            metavar=self.metavar, help=self.help)
+
+
+PATH = click.Path(file_okay=False)
+SETTINGS = [
+    Setting("checkpoint", PATH, None, "Checkpoint directory; without it, the embedded demo table is served."),
+    Setting("socket", str, None, "Request endpoint [default: a per-user ipc:// path].", metavar="ENDPOINT"),
+    Setting("events_socket", str, None, "PUB endpoint [default: <socket>.events].", metavar="ENDPOINT"),
+    Setting("shm_dir", PATH, "/dev/shm", "Where the table file lives (tmpfs, huge=always tmpfs or hugetlbfs)."),
+    Setting("load_threads", int, 4, "Parallel copy threads."),
+    Setting("lease_seconds", float, 10.0, "A client that sends no heartbeat for this long is dropped."),
+    Setting("max_load_rate", float, None, "Cap the load's copy rate, to spare running engines' memory bandwidth.",
+            metavar="MB_PER_S"),
+    Setting("reload_root", PATH, (), "Directory under which `reload --checkpoint` may read [default: the "
+            "checkpoint's parent]; repeatable.", multiple=True),
+    Setting("retire_grace_seconds", float, 600.0, "A replaced generation's file is removed once no client holds "
+            "it, or after this long."),
+    Setting("group", str, None, "Also let this group use the socket and read the table (modes 0660/0640)."),
+    Setting("remote_status", str, None, "Also answer status (only) over TCP, with CURVE.", metavar="tcp://HOST:PORT"),
+    Setting("curve_keys_dir", PATH, None, "Keys made by `engramd keys DIR` (for --remote-status)."),
+    Setting("metrics_port", int, None, "Serve Prometheus metrics on this port [default: off]."),
+    Setting("metrics_address", str, "127.0.0.1", "Address for the metrics port (0.0.0.0 for a cluster scraper)."),
+    Setting("numa_node", int, None, "Place the table's pages on this NUMA node."),
+    Setting("demo_vocab_size", int, None, "Vocab size of the demo table [default: 2000]."),
+    Setting("demo_seed", int, 0, "Seed of the demo table."),
+    Setting("progress", bool, None, "Progress bar while loading [default: on a terminal].",
+            flag="--progress/--no-progress"),
+    Setting("log_level", click.Choice(["debug", "info", "warning", "error"]), "info", "Log level."),
+    Setting("log_format", click.Choice(["text", "json"]), "text", "Human-readable lines, or one JSON object per line."),
+]
+BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def load_toml(ctx: click.Context, _param, path: str | None) -> str | None:
+    """Eager --config callback: the file's values become click's defaults (below env and flags)."""
+    if not path:
+        return path
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(values) - set(BY_NAME))
+    if unknown:
+        raise click.BadParameter(f"{path}: unknown settings {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+    for name, value in values.items():
+        if BY_NAME[name].multiple and not isinstance(value, list):
+            raise click.BadParameter(f"{path}: {name} must be a list")
+    ctx.default_map = {**(ctx.default_map or {}), **values}
+    return path
+
+
+def config_option():
+    return click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="ENGRAMD_CONFIG",
+                        show_envvar=True, is_eager=True, expose_value=True, callback=load_toml,
+                        help="TOML file of settings (keys as the flags, with underscores).")
+
+
+SOURCES = {ParameterSource.COMMANDLINE: "command line", ParameterSource.ENVIRONMENT: "environment",
+           ParameterSource.DEFAULT_MAP: "config file", ParameterSource.DEFAULT: "default"}
+
+
+def describe(ctx: click.Context, values: dict[str, Any]) -> str:
+    """The effective settings as TOML, each with where its value came from."""
+    lines = []
+    for setting in SETTINGS:
+        value = values[setting.name]
+        source = SOURCES.get(ctx.get_parameter_source(setting.name), "default")
+        if source == "environment":
+            source += f" ({setting.envvar})"
+        if value is None or value == ():
+            lines.append(f"# {setting.name} = (unset)  # {source}")
+        else:
+            rendered = json.dumps(list(value) if isinstance(value, tuple) else value)
+            lines.append(f"{setting.name} = {rendered}  # {source}")
+    return "\n".join(lines)
+

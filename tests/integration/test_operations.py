@@ -1,0 +1,125 @@
+"""Running engramd like infrastructure: settings precedence, metrics, JSON logs, NUMA placement."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from engram_client import EngramClient
+from engramd.cli import main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def effective(output: str) -> dict[str, tuple[str, str]]:
+    settings = {}
+    for line in output.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, rest = line.partition(" = ")
+        value, _, source = rest.partition("  # ")
+        settings[key] = (json.loads(value), source)
+    return settings
+
+
+def test_precedence_is_flag_then_environment_then_file_then_default(tmp_path):
+    config = tmp_path / "engramd.toml"
+    config.write_text('load_threads = 3\nlease_seconds = 7.5\nshm_dir = "/from/file"\nreload_root = ["/a", "/b"]\n')
+    runner = CliRunner()
+    result = runner.invoke(main, ["serve", "--config", str(config), "--print-config", "--load-threads", "9"],
+                           env={"ENGRAMD_LEASE_SECONDS": "4", "ENGRAMD_SOCKET": None})
+    assert result.exit_code == 0, result.output
+    got = effective(result.output)
+    assert got["load_threads"] == (9, "command line")
+    assert got["lease_seconds"] == (4.0, "environment (ENGRAMD_LEASE_SECONDS)")
+    assert got["shm_dir"] == ("/from/file", "config file")
+    assert got["reload_root"] == (["/a", "/b"], "config file")
+    assert got["retire_grace_seconds"] == (600.0, "default")
+    via_env = runner.invoke(main, ["serve", "--print-config"], env={"ENGRAMD_CONFIG": str(config)})
+    assert effective(via_env.output)["load_threads"] == (3, "config file")
+
+
+def test_unknown_or_bad_toml_is_refused(tmp_path):
+    bad_key = tmp_path / "a.toml"
+    bad_key.write_text("shm_dri = '/x'\n")
+    result = CliRunner().invoke(main, ["serve", "--config", str(bad_key), "--print-config"])
+    assert result.exit_code != 0 and "unknown settings shm_dri" in result.output
+    bad_toml = tmp_path / "b.toml"
+    bad_toml.write_text("load_threads = \n")
+    result = CliRunner().invoke(main, ["serve", "--config", str(bad_toml), "--print-config"])
+    assert result.exit_code != 0 and "not valid TOML" in result.output
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_follow_the_daemon(daemon_factory):
+    port = free_port()
+    daemon = daemon_factory("--metrics-port", str(port), "--lease-seconds", "0.9")
+    status = daemon.wait_state("ready")
+    with EngramClient(endpoint=daemon.endpoint, device="cpu"):
+        with pytest.raises(Exception):
+            daemon.connection.request("heartbeat", {"client_id": "nobody"})
+        m = scrape(port)
+        assert m['engramd_state{state="ready"}'] == 1.0 and m['engramd_state{state="loading"}'] == 0.0
+        assert m["engramd_table_bytes"] == status["table_bytes"] and m["engramd_generation"] == 1
+        assert m["engramd_clients"] == 1.0
+        assert m["engramd_load_done_bytes"] == m["engramd_load_total_bytes"] > 0
+        assert m['engramd_requests_total{op="attach"}'] >= 1 and m['engramd_requests_total{op="status"}'] >= 1
+        assert m['engramd_request_errors_total{code="unknown_client"}'] >= 1
+    daemon.kill(signal.SIGKILL)
+    restarted = daemon_factory("--metrics-port", str(port), "--lease-seconds", "0.9")
+    restarted.wait_state("ready")
+    assert scrape(port)["engramd_readoptions_total"] == 1.0
+
+
+def test_lease_expiries_are_counted(daemon_factory):
+    port = free_port()
+    daemon = daemon_factory("--metrics-port", str(port), "--lease-seconds", "0.6")
+    daemon.wait_state("ready")
+    reply = daemon.connection.request("attach", {"pid": 12345})  # a client that never heartbeats
+    deadline = time.monotonic() + 10
+    while daemon.status()["clients"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert reply["client_id"] and scrape(port)["engramd_lease_expiries_total"] == 1.0
+
+
+def test_json_logs_are_one_object_per_line(daemon_factory):
+    daemon = daemon_factory("--log-format", "json")
+    daemon.wait_state("ready")
+    with pytest.raises(Exception):
+        daemon.connection.request("detach", {"client_id": "ghost"})
+    daemon.connection.request("stop")
+    assert daemon.proc.wait(timeout=30) == 0
+    entries = [json.loads(line) for line in daemon.log().splitlines() if line.strip()]
+    assert all({"ts", "level", "logger", "message"} <= set(e) for e in entries)
+    messages = [e["message"] for e in entries]
+    assert any("state -> ready" in m for m in messages) and any("state -> stopping" in m for m in messages)
+    assert any(e["level"] == "warning" and "refused request" in e["message"] and "ghost" in e["message"]
+               for e in entries)
+
+
+def test_numa_node_places_the_table_and_says_so(daemon_factory):
+    daemon = daemon_factory("--numa-node", "0")
+    status = daemon.wait_state("ready")
+    assert status["numa_node"] == 0
+    bad = daemon_factory("--numa-node", "99", name="bad")
+    assert bad.proc.wait(timeout=30) == 1
+    assert "no such NUMA node" in bad.log()
