@@ -17,7 +17,6 @@ import queue
 import signal
 import sys
 import time
-from typing import Any
 
 import zmq
 

@@ -20,7 +20,6 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from .config import ConfigError
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,7 @@ import torch
 from engram_client import EngramClient
 from engram_client.demo_rows import demo_rows
 from exactness import assert_bf16_exact
-
-
-def wait_for(predicate, timeout: float, what: str):
-    """Poll ``predicate`` until it returns something truthy; fail saying what never happened."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} within {timeout} s")
-        time.sleep(0.05)
+from waiting import wait_for
 
 
 def check_rows(client: EngramClient, layer: int = 1, seed: int = 0) -> None:
@@ -40,8 +29,8 @@ def test_dropped_client_detaches(daemon_factory):
     assert [c["id"] for c in daemon.status()["clients"]] == [client_id]
     del client
     gc.collect()
-    wait_for(lambda: daemon.status()["clients"] == [], 5.0, "the dropped client's lease was not released")
-    wait_for(lambda: f"client {client_id} detached" in daemon.log(), 5.0, "the daemon never logged the detach")
+    wait_for(lambda: daemon.status()["clients"] == [], "the dropped client's lease was not released", 5.0)
+    wait_for(lambda: f"client {client_id} detached" in daemon.log(), "the daemon never logged the detach", 5.0)
     assert "expired" not in daemon.log()
 
 
@@ -75,10 +64,9 @@ def test_client_reattaches_to_a_restarted_daemon(daemon_factory):
         new_status = second.wait_state("ready")
         assert new_status["boot_id"] != old_status["boot_id"]
 
-        clients = wait_for(lambda: second.status()["clients"], 5.0,
-                           "the client did not re-attach to the restarted daemon")
+        clients = wait_for(lambda: second.status()["clients"], "the client did not re-attach to the restarted daemon", 5.0)
         assert [c["id"] for c in clients] == [client.client_id]
-        wait_for(lambda: client.boot_id == new_status["boot_id"], 5.0, "client.boot_id never became the new one")
+        wait_for(lambda: client.boot_id == new_status["boot_id"], "client.boot_id never became the new one", 5.0)
         assert client.attached
 
         # The client still maps the first daemon's table, unlinked when it stopped (the new

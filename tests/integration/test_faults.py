@@ -28,17 +28,7 @@ from engram_client.table_file import read_header
 from engram_client.errors import TableFileError
 from engramd.synth import write_checkpoint
 from exactness import assert_bf16_exact
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} within {timeout} s")
-        time.sleep(0.05)
+from waiting import wait_for
 
 
 def checkpoint_tensors(directory) -> dict[str, np.ndarray]:
@@ -64,7 +54,7 @@ def test_kill_9_mid_load_leaves_only_a_partial_that_the_next_daemon_replaces(dae
         assert status["state"] == "loading", f"the load ended before the kill: {status['state']}"
         return status if status["load"]["done_bytes"] > 0 else None
 
-    status = wait_for(loading_with_progress, 30, "the load never showed progress")
+    status = wait_for(loading_with_progress, "the load never showed progress", 30)
     assert status["load"]["done_bytes"] < status["load"]["total_bytes"], "the load finished before the kill"
     assert status["table_path"] is None
     files = first.table_files()
@@ -163,7 +153,7 @@ def test_ranks_keep_exact_lookups_when_the_daemon_is_killed(daemon_factory):
     try:
         attached = [json.loads(rank.stdout.readline() or "{}") for rank in ranks]  # bounded by the client's timeout
         assert all("attached" in line for line in attached), attached
-        wait_for(lambda: len(daemon.status()["clients"]) == 3, 10, "three leases were not held")
+        wait_for(lambda: len(daemon.status()["clients"]) == 3, "three leases were not held", 10)
         time.sleep(1.0)  # lookups under a live daemon
 
         daemon.kill(signal.SIGKILL)

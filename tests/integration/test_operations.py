@@ -3,21 +3,15 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import time
 import urllib.request
 
 import pytest
+from waiting import free_port
 from click.testing import CliRunner
 
 from engram_client import EngramClient
 from engramd.cli import main
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def effective(output: str) -> dict[str, tuple[str, str]]:

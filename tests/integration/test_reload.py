@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from safetensors import safe_open
 from engram_client import EngramClient, NotReadyError
 from engramd.synth import write_checkpoint
 from exactness import assert_bf16_exact
+from waiting import wait_for
 
 
 def rows_of(ckpt: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -27,16 +27,6 @@ def two_checkpoints(tmp_path):
     write_checkpoint(a, vocab_size=400, head_dim=128, seed=1)
     write_checkpoint(b, vocab_size=400, head_dim=128, seed=2)
     return a, b
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_reload_serves_g_until_g_plus_1_is_complete_then_clients_move(daemon_factory, two_checkpoints):

@@ -3,24 +3,17 @@ from __future__ import annotations
 
 import grp
 import os
-import socket
 import stat
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from waiting import free_port
 
-from engram_client import protocol
 from engram_client.connection import DaemonConnection
 from engram_client.errors import ProtocolError, RequestError
 from engramd.remote_status import create_keys
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_files_are_owner_only_by_default(demo_daemon):
