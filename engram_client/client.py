@@ -36,8 +36,8 @@ STATUS_POLL_S = 0.1
 
 
 def default_max_programs(device: torch.device) -> int:
-    """A quarter of the SMs: measured on an H200, a 393,216-row lookup then runs about as fast
-    as with an uncapped grid, while a matmul loop beside it slows 2.2% instead of 88%."""
+    """A quarter of the SMs: measured on an H200, a 393,216-row lookup then runs within 7% of an
+    uncapped grid, while a matmul loop beside it slows 1% instead of 93% (docs/BENCHMARKS.md)."""
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
 
 
@@ -157,7 +157,7 @@ class EngramClient:
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
                  lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16,
-                 auto_refresh: bool = False):
+                 auto_refresh: bool = False, lookup_timeout: float = 60.0):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -176,39 +176,43 @@ class EngramClient:
                                  "needs a CUDA device and a non-negative budget")
             if lookup_max_programs is None and self.device.type == "cuda":
                 lookup_max_programs = default_max_programs(self.device)
+            self._table_options = dict(out_dtype=out_dtype, wait_timeout=lookup_timeout, strategy=lookup_strategy,
+                                       max_programs=lookup_max_programs or None)
             self._hot_cache = (hot_cache_bytes, hot_cache_refresh_every)
-            self._attach(timeout, row_ranges or {}, rank, out_dtype, heartbeat,
-                         dict(strategy=lookup_strategy, max_programs=lookup_max_programs or None))
+            self._row_ranges = row_ranges or {}
+            self._attach(timeout, rank, heartbeat)
         except BaseException:
             self._finalizer()
             raise
 
-    def _attach(self, timeout, row_ranges, rank, out_dtype, heartbeat, lookup_options) -> None:
+    def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
         _wait_until_ready(state.connection, timeout)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
                              "device": str(self.device)}
-        self._row_ranges, self._out_dtype, self._timeout = row_ranges, out_dtype, timeout
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
         state.boot_id = reply["boot_id"]
         try:
-            state.mapped = MappedGeneration.open(reply, self.device, row_ranges)
+            state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges)
         except BaseException:
             self._detach_quietly(reply["client_id"])
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         for layer, lv in state.mapped.layers.items():
-            budget, refresh_every = self._hot_cache
-            cache = HotRowCache.for_budget(budget // len(state.mapped.layers), lv.layout.head_dim, out_dtype,
-                                           self.device, refresh_every=refresh_every) if budget else None
-            state.tables[layer] = EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, state.stream, out_dtype,
-                                              wait_timeout=timeout, hot_cache=cache,
-                                              before_call=self._before_call_hook(), **lookup_options)
+            state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)
             state.heartbeat_thread = threading.Thread(target=state.heartbeat_loop, args=(interval,),
                                                       name="engram-client-heartbeat", daemon=True)
             state.heartbeat_thread.start()
+
+    def _new_table(self, lv, layer_count: int) -> EngramTable:
+        """A table with every lookup option this client was given, for one layer's view."""
+        budget, refresh_every = self._hot_cache
+        cache = HotRowCache.for_budget(budget // layer_count, lv.layout.head_dim, self._table_options["out_dtype"],
+                                       self.device, refresh_every=refresh_every) if budget else None
+        return EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, hot_cache=cache,
+                           before_call=self._before_call_hook(), **self._table_options)
 
     def _detach_quietly(self, lease_id: str) -> None:
         try:
@@ -259,9 +263,7 @@ class EngramClient:
                 if layer in state.tables:
                     state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi)
                 else:
-                    state.tables[layer] = EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, state.stream,
-                                                      self._out_dtype, wait_timeout=self._timeout,
-                                                      before_call=self._before_call_hook())
+                    state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
             self._detach_quietly(old.lease_id)
             old.release()

@@ -51,10 +51,13 @@ class ServeConfig:
             raise ConfigError(f"--remote-status {self.remote_status}: TCP is served only with CURVE authentication; "
                               "give --curve-keys-dir (create one with `engramd keys DIR`)")
         if self.group is not None:
-            try:
-                self.gid = grp.getgrnam(self.group).gr_gid
-            except KeyError as exc:
-                raise ConfigError(f"--group {self.group}: no such group") from exc
+            if self.group.isdigit():  # a numeric gid works even where /etc/group does not list it
+                self.gid = int(self.group)
+            else:
+                try:
+                    self.gid = grp.getgrnam(self.group).gr_gid
+                except KeyError as exc:
+                    raise ConfigError(f"--group {self.group}: no such group") from exc
         self.events_endpoint = self.events_endpoint or pub_endpoint_for(self.endpoint)
         if not self.events_endpoint.startswith(("ipc://", "inproc://")):
             raise ConfigError(f"events endpoint {self.events_endpoint!r}: only ipc:// endpoints are served")

@@ -136,3 +136,26 @@ def test_reload_cli_waits_for_the_new_generation(daemon_factory, two_checkpoints
     assert result.returncode == 0, result.stderr
     assert "generation 2 is served" in result.stdout
     assert daemon.status()["checkpoint"] == b
+
+
+def test_refresh_onto_other_layers_keeps_the_clients_options(daemon_factory, tmp_path):
+    a, c = str(tmp_path / "ckpts" / "a"), str(tmp_path / "ckpts" / "c")
+    write_checkpoint(a, vocab_size=300, head_dim=128, layer_ids=[1, 14], seed=1)
+    write_checkpoint(c, vocab_size=300, head_dim=128, layer_ids=[14, 20], seed=3)
+    daemon = daemon_factory("--checkpoint", a)
+    daemon.wait_state("ready")
+    with EngramClient(endpoint=daemon.endpoint, device="cpu", lookup_strategy="direct", lookup_timeout=7.0) as client:
+        old_layer_1 = client.table(1)
+        daemon.connection.request("reload", {"checkpoint": c})
+        wait_for(lambda: daemon.status()["generation"] == 2, "generation 2")
+        assert client.refresh() is True
+        assert client.layers == [14, 20]
+        new_table = client.table(20)
+        assert new_table.strategy == "direct" and new_table.wait_timeout == 7.0
+        with safe_open(os.path.join(c, "model.safetensors"), framework="pt") as f:
+            weight = f.get_tensor("model.layers.20.engram.embed.weight").view(torch.uint8).numpy()
+            scale = f.get_tensor("model.layers.20.engram.embed.scale").view(torch.uint8).numpy()
+        ids = np.arange(0, new_table.num_rows, 5)
+        assert_bf16_exact(new_table.lookup(torch.from_numpy(ids)), weight[ids], scale[ids])
+        with pytest.raises(Exception, match="layer 1 is not in generation 2"):
+            old_layer_1.lookup(torch.tensor([0]))
