@@ -5,7 +5,8 @@ imported on first use, so the daemon and light tools that only speak the protoco
 (``engram_client.protocol``, ``.connection``, ``.errors``) never pay for torch.
 """
 from .errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
-                     EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotReadyError,
+                     EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotCapturableError,
+                     NotReadyError,
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
 from .protocol import PROTOCOL_VERSION, default_endpoint
 
@@ -14,7 +15,7 @@ __all__ = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
-    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError",
+    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError",
 ]
 _LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
 

@@ -13,6 +13,7 @@
     ├── EngramTimeoutError           a wait ran out; the message says what it waited for
     ├── NotAttachedError             the client is closed or was never attached
     ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
+    ├── NotCapturableError           a lookup started while a CUDA graph is being captured
     └── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
 
 Each side maps lower-layer exceptions to these in one place and chains them with
@@ -82,6 +83,10 @@ class NotAttachedError(EngramError):
 
 class CudaRegistrationError(EngramError):
     code = "cuda_registration"
+
+
+class NotCapturableError(EngramError):
+    code = "not_capturable"
 
 
 class IdsOutOfRangeError(EngramError, IndexError):

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .dequant import dequantize_rows
-from .errors import EngramError, IdsOutOfRangeError, NotAttachedError
+from .errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
 from .layout import LayerLayout
 from .hot_rows import HotRowCache
 from .prefetch import PrefetchHandle
@@ -130,6 +130,12 @@ class EngramTable:
     def _cuda_prefetch(self, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
         from .kernels.lookup import launch_lookup, launch_lookup_dedup
 
+        if torch.cuda.is_current_stream_capturing():
+            # Capture would fail deep inside torch (a host sync, a side stream's allocations),
+            # or record a lookup of whatever ids the capture saw.  Say so where the mistake is.
+            raise NotCapturableError("an Engram lookup cannot be captured in a CUDA graph: call prefetch() and "
+                                     "wait() outside the captured region and feed the output in as a static "
+                                     "input (docs/integration.md, 'CUDA graphs')")
         caller = torch.cuda.current_stream(self.device)
         if flat.device != self.device:
             flat = flat.to(self.device, non_blocking=True)

@@ -185,3 +185,20 @@ def test_hot_row_cache_is_exact_and_gets_hits(demo_daemon, strategy):
 def test_hot_row_cache_needs_cuda_and_a_sane_budget(demo_daemon):
     with pytest.raises(ValueError, match="hot_cache_bytes"):
         EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", hot_cache_bytes=-1)
+
+
+def test_a_lookup_inside_a_cuda_graph_capture_is_refused_clearly(demo_daemon):
+    from engram_client import NotCapturableError
+
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+        table = client.table(1)
+        ids = torch.arange(64, device="cuda")
+        table.lookup(ids)  # warm: kernels compiled, buffers cached
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            with pytest.raises(NotCapturableError, match="outside the captured region"):
+                with torch.cuda.graph(graph, stream=side):
+                    table.prefetch(ids)
+        # Outside the capture the same lookup works, and is exact.
+        assert_bf16_exact(table.lookup(ids), *demo_rows(0, 1, np.arange(64), 256))
