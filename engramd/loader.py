@@ -157,10 +157,10 @@ def fill_table(writer: TableWriter, source, progress: Progress, threads: int,
         if cancelled is not None and cancelled.is_set():
             return
         row_bytes = entry.layout.row_bytes
-        limit.take((stop - start) * row_bytes, cancelled)
+        nbytes = (stop - start) * row_bytes
+        limit.take(nbytes, cancelled)
         if cancelled is not None and cancelled.is_set():
             return
-        nbytes = (stop - start) * row_bytes
         if getattr(local, "packed", None) is None or local.packed.size < nbytes:
             local.packed = np.empty(nbytes, dtype=np.uint8)
         packed = local.packed[:nbytes].reshape(stop - start, row_bytes)
