@@ -58,8 +58,11 @@ class ShmDir:
             os.close(self._lock_fd)
             raise TableFileError(f"another live engramd already owns {self.lock_path} "
                                  f"(same endpoint and shm dir); stop it first") from exc
-        os.ftruncate(self._lock_fd, 0)
-        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        try:  # the pid is for people reading the dir; hugetlbfs has no write(2), and that is fine
+            os.ftruncate(self._lock_fd, 0)
+            os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            pass
 
     def close(self) -> None:
         if self._lock_fd >= 0:

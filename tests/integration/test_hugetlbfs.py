@@ -1,0 +1,65 @@
+"""The table on hugetlbfs: no write(2) there, so the loader and every reader go through mappings."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from engram_client import EngramClient
+from engramd.synth import write_checkpoint
+from exactness import assert_bf16_exact
+
+NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
+PAGES = 128  # 256 MiB of 2 MiB pages
+
+
+@pytest.fixture
+def hugetlbfs(tmp_path):
+    """A 2 MiB-page hugetlbfs mount, with pages reserved for it (root only); restored afterwards."""
+    try:
+        with open(NR_HUGEPAGES) as f:
+            before = int(f.read())
+        with open(NR_HUGEPAGES, "w") as f:
+            f.write(str(before + PAGES))
+    except OSError as exc:
+        pytest.skip(f"cannot reserve huge pages here: {exc}")
+    mount = tmp_path / "hugetlbfs"
+    mount.mkdir()
+    try:
+        if subprocess.run(["mount", "-t", "hugetlbfs", "-o", f"pagesize=2M,size={PAGES * 2}M", "none", str(mount)],
+                          capture_output=True).returncode:
+            pytest.skip("cannot mount hugetlbfs here")
+        try:
+            yield str(mount)
+        finally:
+            subprocess.run(["umount", str(mount)], check=False)
+    finally:
+        with open(NR_HUGEPAGES, "w") as f:
+            f.write(str(before))
+
+
+def test_a_checkpoint_loads_serves_and_is_readopted_on_hugetlbfs(daemon_factory, hugetlbfs, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    write_checkpoint(ckpt, vocab_size=1500, head_dim=256, shards=2, seed=4)
+    daemon = daemon_factory("--checkpoint", ckpt, shm=hugetlbfs)
+    status = daemon.wait_state("ready")
+    assert os.path.dirname(status["table_path"]) == hugetlbfs
+    with safe_open(os.path.join(ckpt, "model-00001-of-00002.safetensors"), framework="pt") as f:
+        weight = f.get_tensor("model.layers.1.engram.embed.weight").view(torch.uint8).numpy()
+    with safe_open(os.path.join(ckpt, "model-00002-of-00002.safetensors"), framework="pt") as f:
+        scale = f.get_tensor("model.layers.1.engram.embed.scale").view(torch.uint8).numpy()
+    ids = np.arange(0, weight.shape[0], 11)
+    with EngramClient(endpoint=daemon.endpoint, device="cpu") as client:
+        assert_bf16_exact(client.table(1).lookup(torch.from_numpy(ids)), weight[ids], scale[ids])
+    daemon.kill(signal.SIGKILL)
+    again = daemon_factory("--checkpoint", ckpt, shm=hugetlbfs)
+    readopted = again.wait_state("ready")
+    assert readopted["adopted"] and readopted["table_path"] == status["table_path"]
+    again.connection.request("stop")
+    assert again.proc.wait(timeout=30) == 0
+    assert not [name for name in os.listdir(hugetlbfs) if ".table" in name]
