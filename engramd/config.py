@@ -34,6 +34,7 @@ class ServeConfig:
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
     numa_node: int | None = None
+    gid: int | None = field(default=None, init=False)  # resolved from ``group``
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()

@@ -64,8 +64,8 @@ class Daemon:
         self._lock = threading.Lock()
         self._load_thread: threading.Thread | None = None
         self._on_state_change = on_state_change or (lambda state: None)
-        group = getattr(config, "gid", None) if config.group else None
-        self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if group is not None else 0o600, group)
+        self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if config.gid is not None else 0o600,
+                          config.gid)
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
 

@@ -120,7 +120,7 @@ class Server:
         finally:
             os.umask(old_umask)
         if path is not None:
-            gid = getattr(self.config, "gid", None) if self.config.group else None
+            gid = self.config.gid
             if gid is not None:
                 os.chown(path, -1, gid)
                 directory = os.path.dirname(path)
