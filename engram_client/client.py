@@ -102,16 +102,20 @@ class _Attachment:
             log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
                      "; a refresh is pending" if self.refresh_pending else "")
 
+    def detach_quietly(self, lease_id: str) -> None:
+        """Release a lease; if the daemon is gone or already dropped it, it expires by itself."""
+        try:
+            self.connection.request("detach", {"client_id": lease_id}, timeout=1.0)
+        except EngramError:
+            pass
+
     def release(self) -> None:
         self.stop.set()
         if self.heartbeat_thread is not None and self.heartbeat_thread is not threading.current_thread():
             self.heartbeat_thread.join(timeout=5.0)
         with self.lock:
             if self.mapped is not None:
-                try:
-                    self.connection.request("detach", {"client_id": self.mapped.lease_id}, timeout=1.0)
-                except EngramError:
-                    pass  # the daemon is gone or already dropped us; the lease expires by itself
+                self.detach_quietly(self.mapped.lease_id)
                 if self.stream is not None:
                     self.stream.synchronize()
                 self.tables.clear()
@@ -195,7 +199,7 @@ class EngramClient:
         try:
             state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges)
         except BaseException:
-            self._detach_quietly(reply["client_id"])
+            self._state.detach_quietly(reply["client_id"])
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         for layer, lv in state.mapped.layers.items():
@@ -213,12 +217,6 @@ class EngramClient:
                                        self.device, refresh_every=refresh_every) if budget else None
         return EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, hot_cache=cache,
                            before_call=self._before_call_hook(), **self._table_options)
-
-    def _detach_quietly(self, lease_id: str) -> None:
-        try:
-            self._state.connection.request("detach", {"client_id": lease_id}, timeout=1.0)
-        except EngramError:
-            pass
 
     def _before_call_hook(self):
         """A hook for the tables that does not keep the client alive: a table reachable from
@@ -252,7 +250,7 @@ class EngramClient:
             try:
                 new = MappedGeneration.open(reply, self.device, self._row_ranges)
             except BaseException:
-                self._detach_quietly(reply["client_id"])
+                self._state.detach_quietly(reply["client_id"])
                 raise
             if state.stream is not None:
                 state.stream.synchronize()  # no kernel may still read the old pages
@@ -265,7 +263,7 @@ class EngramClient:
                 else:
                     state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
-            self._detach_quietly(old.lease_id)
+            self._state.detach_quietly(old.lease_id)
             old.release()
             log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
             return True
