@@ -10,13 +10,8 @@ exactly what the daemon's write order guarantees:
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -28,6 +23,7 @@ from engram_client.table_file import read_header
 from engram_client.errors import TableFileError
 from engramd.synth import write_checkpoint
 from exactness import assert_bf16_exact
+from ranks_under_kill import run_ranks_through_a_kill
 from waiting import wait_for
 
 
@@ -95,89 +91,5 @@ def test_kill_9_mid_load_leaves_only_a_partial_that_the_next_daemon_replaces(dae
             assert_bf16_exact(table.lookup(torch.from_numpy(ids)), weight, scale)
 
 
-# A rank: attach on CPU, look up in a loop checking every row, until told to stop.
-# stdin: "killed" (the daemon is gone from now on), then "stop".  stdout: one JSON line
-# when attached, one with the counts at the end.
-RANK = textwrap.dedent("""
-    import json, sys, threading, time
-    import numpy as np, torch
-    from engram_client import EngramClient
-    from engram_client.demo_rows import demo_rows
-    from engram_client.reference import reference_bf16_bits, same_bf16
-
-    endpoint, rank = sys.argv[1], int(sys.argv[2])
-    counts = {"rank": rank, "lookups": 0, "exact": 0, "mismatch": 0, "after_kill": 0,
-              "last_after_kill_s": 0.0, "max_gap_after_kill_s": 0.0, "errors": []}
-    killed_at, stop = [], threading.Event()
-
-    def control():
-        for line in sys.stdin:
-            if line.strip() == "killed":
-                killed_at.append(time.monotonic())
-            elif line.strip() == "stop":
-                break
-        stop.set()
-
-    threading.Thread(target=control, daemon=True).start()
-    try:
-        client = EngramClient(endpoint=endpoint, device="cpu", rank=rank, timeout=30)
-        tables = {layer: client.table(layer) for layer in client.layers}
-        print(json.dumps({"attached": client.client_id}), flush=True)
-        rng, last = np.random.default_rng(rank), None
-        while not stop.is_set():
-            layer = client.layers[counts["lookups"] % len(client.layers)]
-            ids = rng.integers(0, tables[layer].num_rows, 512)
-            out = tables[layer].lookup(torch.from_numpy(ids)).view(torch.int16).numpy().view(np.uint16)
-            exact = bool(same_bf16(out, reference_bf16_bits(*demo_rows(0, layer, ids, 256))).all())
-            counts["lookups"] += 1
-            counts["exact" if exact else "mismatch"] += 1
-            now = time.monotonic()
-            if killed_at:
-                counts["after_kill"] += 1
-                counts["last_after_kill_s"] = now - killed_at[0]
-                gap = now - max(last if last is not None else killed_at[0], killed_at[0])
-                counts["max_gap_after_kill_s"] = max(counts["max_gap_after_kill_s"], gap)
-            last = now
-        client.close()
-    except BaseException as exc:
-        counts["errors"].append(repr(exc))
-    print(json.dumps(counts), flush=True)
-""")
-
-
 def test_ranks_keep_exact_lookups_when_the_daemon_is_killed(daemon_factory):
-    daemon = daemon_factory("--lease-seconds", "1.5")
-    status = daemon.wait_state("ready")
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, daemon.endpoint, str(rank)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for rank in range(3)]
-    try:
-        attached = [json.loads(rank.stdout.readline() or "{}") for rank in ranks]  # bounded by the client's timeout
-        assert all("attached" in line for line in attached), attached
-        wait_for(lambda: len(daemon.status()["clients"]) == 3, "three leases were not held", 10)
-        time.sleep(1.0)  # lookups under a live daemon
-
-        daemon.kill(signal.SIGKILL)
-        for rank in ranks:
-            rank.stdin.write("killed\n")
-            rank.stdin.flush()
-        assert os.path.exists(status["table_path"]), "kill -9 cannot unlink the table"
-        time.sleep(3.0)  # lookups with the daemon gone: heartbeats fail, the mappings must not
-        for rank in ranks:
-            rank.stdin.write("stop\n")
-            rank.stdin.flush()
-        results = []
-        for rank in ranks:
-            out, _ = rank.communicate(timeout=60)
-            results.append(json.loads(out.strip().splitlines()[-1]))
-            assert rank.returncode == 0, (rank.returncode, out)
-    finally:
-        for rank in ranks:
-            if rank.poll() is None:
-                rank.kill()
-                rank.wait(timeout=10)
-    print("\n" + "\n".join(json.dumps(result) for result in results))
-    for result in results:
-        assert result["errors"] == [], result
-        assert result["mismatch"] == 0 and result["exact"] == result["lookups"] > 0, result
-        assert result["after_kill"] > 0, f"rank {result['rank']} made no lookup after the kill: {result}"
-        assert result["last_after_kill_s"] > 2.0, f"rank {result['rank']} stopped looking up after the kill: {result}"
+    run_ranks_through_a_kill(daemon_factory("--lease-seconds", "1.5"), ["cpu"] * 3)
