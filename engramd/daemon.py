@@ -36,7 +36,7 @@ from engram_client.table_file import TableHeader, read_header
 from . import __version__
 from .checkpoint import read_checkpoint
 from .config import ServeConfig
-from .generation import FAILED, LOADING, READY, Generation  # noqa: F401  (LOADING: part of the states this module names)
+from .generation import FAILED, READY, Generation
 from .leases import LeaseTable
 from .loader import CheckpointSource, DemoSource, fill_table
 from .metrics import NoMetrics

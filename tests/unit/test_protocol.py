@@ -15,7 +15,8 @@ import pytest
 from engram_client import protocol
 from engram_client.errors import NotReadyError, ProtocolError, UnknownClientError
 from engramd.config import ServeConfig
-from engramd.daemon import LOADING, READY, STOPPING, Daemon
+from engramd.daemon import STOPPING, Daemon
+from engramd.generation import LOADING, READY
 from engramd.ops import OPERATIONS
 from engramd.progress import render
 
