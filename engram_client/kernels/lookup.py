@@ -52,10 +52,14 @@ def _rows_for(table_ptr, ids, want, slot_ptr, cache_ptr, r, in_call, ROW_BYTES: 
 
 
 @triton.jit
-def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, slot_ptr, cache_ptr, n_ids, row_lo, row_hi,
+def _lookup_kernel(table_ptr, ids_ptr, perm_ptr, out_ptr, bad_ptr, slot_ptr, cache_ptr, n_ids, row_lo, row_hi,
                    ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr):
-    """Each program walks blocks pid, pid + programs, ...: a bounded grid leaves SMs to the model."""
+                   OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr, SORTED: tl.constexpr):
+    """Direct: the row of ids[r] goes to out[r].  SORTED: ids_ptr holds the ids sorted and
+    perm_ptr where each came from; each distinct id is fetched once, in address order, and
+    written where its first occurrence goes (_copy_duplicates_kernel fills in the repeats).
+
+    Each program walks blocks pid, pid + programs, ...: a bounded grid leaves SMs to the model."""
     cols = tl.arange(0, HEAD_DIM)
     bad = 0
     for block in range(tl.program_id(0), tl.cdiv(n_ids, BLOCK_R), tl.num_programs(0)):
@@ -64,32 +68,16 @@ def _lookup_kernel(table_ptr, ids_ptr, out_ptr, bad_ptr, slot_ptr, cache_ptr, n_
         ids = tl.load(ids_ptr + r, mask=in_call, other=0).to(tl.int64)
         valid = in_call & (ids >= row_lo) & (ids < row_hi)
         bad += tl.sum((in_call & ~valid).to(tl.int32), axis=0)
-        out = _rows_for(table_ptr, ids - row_lo, valid, slot_ptr, cache_ptr, r, in_call, ROW_BYTES, HEAD_DIM,
-                        OUT_DTYPE, HAS_CACHE)
-        tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], out, mask=in_call[:, None])
-    if bad > 0:
-        tl.atomic_add(bad_ptr, bad)
-
-
-@triton.jit
-def _lookup_sorted_kernel(table_ptr, sorted_ptr, perm_ptr, out_ptr, bad_ptr, slot_ptr, cache_ptr, n_ids, row_lo,
-                          row_hi, ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                          OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr):
-    """Fetch each distinct id once, in address order; write it where its first occurrence goes."""
-    cols = tl.arange(0, HEAD_DIM)
-    bad = 0
-    for block in range(tl.program_id(0), tl.cdiv(n_ids, BLOCK_R), tl.num_programs(0)):
-        r = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # int64: r * HEAD_DIM can pass 2^31
-        in_call = r < n_ids
-        ids = tl.load(sorted_ptr + r, mask=in_call, other=0).to(tl.int64)
-        prev = tl.load(sorted_ptr + r - 1, mask=in_call & (r > 0), other=0).to(tl.int64)
-        first = in_call & ((r == 0) | (ids != prev))
-        valid = in_call & (ids >= row_lo) & (ids < row_hi)
-        bad += tl.sum((in_call & ~valid).to(tl.int32), axis=0)
-        dest = tl.load(perm_ptr + r, mask=in_call, other=0).to(tl.int64)
-        out = _rows_for(table_ptr, ids - row_lo, first & valid, slot_ptr, cache_ptr, r, in_call, ROW_BYTES,
+        if SORTED:
+            prev = tl.load(ids_ptr + r - 1, mask=in_call & (r > 0), other=0).to(tl.int64)
+            write = in_call & ((r == 0) | (ids != prev))
+            dest = tl.load(perm_ptr + r, mask=in_call, other=0).to(tl.int64)
+        else:
+            write = in_call
+            dest = r
+        out = _rows_for(table_ptr, ids - row_lo, write & valid, slot_ptr, cache_ptr, r, in_call, ROW_BYTES,
                         HEAD_DIM, OUT_DTYPE, HAS_CACHE)
-        tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out, mask=first[:, None])
+        tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out, mask=write[:, None])
     if bad > 0:
         tl.atomic_add(bad_ptr, bad)
 
@@ -129,7 +117,7 @@ def _grid(n: int, block_rows: int, max_programs: int | None) -> tuple[int]:
 
 def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
                         row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
-                        max_programs: int | None = None, cache=None) -> None:
+                        max_programs: int | None = None, cache=None, num_warps: int = 4) -> None:
     """Like launch_lookup, but each distinct id crosses PCIe once, in address order.
 
     Sort, then fetch first occurrences, then copy repeats within HBM: every step has a size
@@ -146,11 +134,11 @@ def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tenso
     run_start = torch.cummax(positions * is_first, 0).values
     slots, rows = _cache_args(cache, sorted_ids, out)
     grid = _grid(n, block_rows, max_programs)
-    _lookup_sorted_kernel[grid](table, sorted_ids, perm, out, bad_count, slots, rows, n, row_lo, row_hi,
-                                ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=block_rows,
-                                OUT_DTYPE=OUT_DTYPES[out.dtype], HAS_CACHE=slots is not None, num_warps=4)
+    _lookup_kernel[grid](table, sorted_ids, perm, out, bad_count, slots, rows, n, row_lo, row_hi,
+                         ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
+                         HAS_CACHE=slots is not None, SORTED=True, num_warps=num_warps)
     _copy_duplicates_kernel[grid](sorted_ids, perm, run_start, out, n, HEAD_DIM=head_dim, BLOCK_R=block_rows,
-                                  num_warps=4)
+                                  num_warps=num_warps)
 
 
 def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> None:
@@ -182,7 +170,7 @@ def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> N
 
 def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
                   row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
-                  max_programs: int | None = None, cache=None) -> None:
+                  max_programs: int | None = None, cache=None, num_warps: int = 4) -> None:
     """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi)."""
     _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
     n = ids.numel()
@@ -190,6 +178,6 @@ def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad
         return
     grid = _grid(n, block_rows, max_programs)
     slots, rows = _cache_args(cache, ids, out)
-    _lookup_kernel[grid](table, ids, out, bad_count, slots, rows, n, row_lo, row_hi, ROW_BYTES=row_bytes,
+    _lookup_kernel[grid](table, ids, None, out, bad_count, slots, rows, n, row_lo, row_hi, ROW_BYTES=row_bytes,
                          HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
-                         HAS_CACHE=slots is not None, num_warps=4)
+                         HAS_CACHE=slots is not None, SORTED=False, num_warps=num_warps)

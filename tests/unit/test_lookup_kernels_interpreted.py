@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent("""
     fetch = lambda keys, out: L.launch_lookup(table, keys, out, torch.zeros(1, dtype=torch.int32), 0, rows,
                                               head_dim, row_bytes)
     failures = 0
-    for trial, max_programs in enumerate([None, 5, 1, 3]):
+    for trial, (max_programs, block_rows) in enumerate([(None, 16), (5, 64), (1, 32), (3, 128)]):
         n = 300 + trial * 77
         ids = torch.from_numpy(rng.zipf(1.3, n) % (rows + 6) - 3).long()
         valid = (ids >= 0) & (ids < rows)
@@ -48,11 +48,12 @@ SCRIPT = textwrap.dedent("""
             for use_cache in (None, cache):
                 out = torch.full((n, head_dim), 99.0, dtype=torch.bfloat16)
                 bad = torch.zeros(1, dtype=torch.int32)
-                launch(table, ids, out, bad, 0, rows, head_dim, row_bytes, max_programs=max_programs, cache=use_cache)
+                launch(table, ids, out, bad, 0, rows, head_dim, row_bytes, block_rows=block_rows,
+                       max_programs=max_programs, cache=use_cache)
                 exact = bool((out.view(torch.int16) == expected.view(torch.int16)).all())
                 counted = int(bad) == int((~valid).sum())
                 failures += (not exact) + (not counted)
-                print(launch.__name__, n, max_programs, use_cache is not None, exact, counted)
+                print(launch.__name__, n, max_programs, block_rows, use_cache is not None, exact, counted)
         if due:
             cache.refresh(fetch, 0, rows)
     hits = int((cache.slots(ids) >= 0).sum())
