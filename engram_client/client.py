@@ -36,8 +36,9 @@ STATUS_POLL_S = 0.1
 
 
 def default_max_programs(device: torch.device) -> int:
-    """A quarter of the SMs: measured on an H200, a 393,216-row lookup then runs within 7% of an
-    uncapped grid, while a matmul loop beside it slows 1% instead of 93% (docs/BENCHMARKS.md)."""
+    """A quarter of the SMs: measured on an H200, a 393,216-row lookup then runs within 10% of an
+    uncapped grid, while a matmul loop beside it slows 28% instead of 120% (fewer programs slow
+    the lookups and barely help the loop: docs/BENCHMARKS.md)."""
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
 
 

@@ -5,9 +5,11 @@ the ids and the output are also recorded on the prefetch stream, so the caching
 allocator will not hand their memory out again while the kernel may still use it,
 even if the handle is dropped without ``wait``.
 
-``wait`` blocks the host until *this lookup* has finished (not the caller's other
-work): out-of-range ids can only be reported once the kernel has counted them.
-It then makes the caller's current stream wait on the lookup's event.  Waiting
+``wait`` makes the caller's current stream wait on the lookup's event.  Where the
+ids were on the GPU it first blocks the host until *this lookup* has finished (not
+the caller's other work): out-of-range ids on the GPU can only be reported once the
+kernel has counted them.  Ids that came from the host were range-checked there
+before anything was enqueued, so their ``wait`` never blocks the host.  Waiting
 twice returns the same output (or raises the same error) again.
 """
 from __future__ import annotations
@@ -18,6 +20,13 @@ import torch
 
 from .errors import EngramTimeoutError, IdsOutOfRangeError
 
+# How the host waits for a kernel's out-of-range count: polling the event without sleeping
+# for the first SPIN_S (decode-size lookups end within it, and each sleep costs tens of
+# microseconds of timer slack), then sleeping POLL_S between polls (a long lookup is seen
+# finished within about 0.1 ms, at a few thousand wake-ups a second).
+SPIN_S = 2e-3
+POLL_S = 5e-5
+
 
 class PrefetchHandle:
     def __init__(self, out: torch.Tensor, shape: tuple[int, ...], describe: str, event=None, bad_host=None,
@@ -26,11 +35,16 @@ class PrefetchHandle:
         self._shape = shape
         self._describe = describe
         self._event = event
-        self._bad_host = bad_host
+        self._bad_host = bad_host  # None: nothing left to check on the host
         self._keep_alive = keep_alive
         self._timeout = timeout
         self._error: Exception | None = None
-        self._checked = event is None
+        self._checked = bad_host is None
+
+    @property
+    def blocks_host(self) -> bool:
+        """Whether ``wait`` has to block the host (ids on the GPU, not yet counted)."""
+        return not self._checked
 
     def done(self) -> bool:
         return self._event is None or self._event.query()
@@ -52,11 +66,12 @@ class PrefetchHandle:
         return self._out.view(*self._shape, self._out.shape[-1])
 
     def _block_until_done(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        pause = 0.0
+        started = time.monotonic()
+        deadline = started + timeout
         while not self._event.query():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise EngramTimeoutError(f"lookup of {self._out.shape[0]} ids in {self._describe} did not finish "
                                          f"on the prefetch stream within {timeout:.1f} s")
-            time.sleep(pause)
-            pause = min(1e-3, pause + 2e-5)  # spin briefly, then back off to a light poll
+            # sleep(0) still lets other threads (the client's heartbeat) take the GIL.
+            time.sleep(0 if now - started < SPIN_S else POLL_S)

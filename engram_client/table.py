@@ -7,7 +7,7 @@ is never read and raises IdsOutOfRangeError.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -42,15 +42,23 @@ class EngramTable:
     # Cap on the lookup kernels' programs: a bounded grid leaves most SMs to the model's
     # kernels while a prefetch runs beside them.  None: one program per block of ids.
     max_programs: int | None = None
+    # Ids per block and warps per program of the lookup kernels (benchmarks/lookup_grid.py).
+    block_rows: int = 16
+    num_warps: int = 4
     hot_cache: HotRowCache | None = None
     before_call: Callable[[], None] | None = None  # the client's hook: an automatic refresh happens here
     retired: str | None = None  # why this table can no longer serve
+    _zero_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"lookup strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.max_programs is not None and self.max_programs < 1:
             raise ValueError(f"max_programs must be positive or None, got {self.max_programs}")
+        for name in ("block_rows", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
 
     @property
     def layer(self) -> int:
@@ -137,21 +145,31 @@ class EngramTable:
                                      "wait() outside the captured region and feed the output in as a static "
                                      "input (docs/integration.md, 'CUDA graphs')")
         caller = torch.cuda.current_stream(self.device)
-        if flat.device != self.device:
-            flat = flat.to(self.device, non_blocking=True)
+        # prefetch() has counted ids that came from the host: none is out of range, so the kernel's
+        # count needs no copy back and wait() no host sync.  Ids on the GPU are counted by the kernel.
+        host_checked = flat.device.type == "cpu"
+        if host_checked:
+            # Through pinned memory, so that the copy is a plain asynchronous DMA: from pageable
+            # memory the driver stages it, on the host's time.  torch's host allocator keeps the
+            # pinned block until the copy has run.
+            staged = flat if flat.is_pinned() else flat.contiguous().pin_memory()
+            flat = staged.to(self.device, non_blocking=True)
         flat = flat.contiguous()
         # Allocated on the caller's stream, so the memory belongs to the consumer of the result.
         out = torch.empty((flat.numel(), self.head_dim), dtype=self.out_dtype, device=self.device)
-        bad_host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        bad_host = None if host_checked else torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self.stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
         with torch.cuda.stream(self.stream):
-            bad_count = torch.zeros(1, dtype=torch.int32, device=self.device)
+            bad_count = self._unused_count() if host_checked else torch.zeros(1, dtype=torch.int32,
+                                                                              device=self.device)
             refresh_due = self.hot_cache is not None and self.hot_cache.observe(flat)
             dedup = self.strategy == "dedup" or (self.strategy == "auto" and flat.numel() >= DEDUP_MIN_ROWS)
             launch = launch_lookup_dedup if dedup else launch_lookup
             launch(self.rows_view, flat, out, bad_count, self.row_lo, self.row_hi, self.head_dim,
-                   self.layout.row_bytes, max_programs=self.max_programs, cache=self.hot_cache)
-            bad_host.copy_(bad_count, non_blocking=True)
+                   self.layout.row_bytes, block_rows=self.block_rows, max_programs=self.max_programs,
+                   cache=self.hot_cache, num_warps=self.num_warps)
+            if bad_host is not None:
+                bad_host.copy_(bad_count, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
             if refresh_due:
@@ -160,6 +178,13 @@ class EngramTable:
         out.record_stream(self.stream)
         return PrefetchHandle(out, shape, self._describe(), event=event, bad_host=bad_host,
                               keep_alive=(flat, bad_count), timeout=self.wait_timeout)
+
+    def _unused_count(self) -> torch.Tensor:
+        """The kernel's counter for ids already range-checked on the host: it stays zero (the
+        kernel adds to it only for an out-of-range id), so one per table serves every call."""
+        if self._zero_count is None:
+            self._zero_count = torch.zeros(1, dtype=torch.int32, device=self.device)
+        return self._zero_count
 
     def refresh_hot_rows(self) -> None:
         """Re-choose the cached rows from the ids seen lately (runs on the prefetch stream and
@@ -172,6 +197,6 @@ class EngramTable:
             scratch = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.hot_cache.refresh(
                 lambda keys, rows: launch_lookup(self.rows_view, keys, rows, scratch, self.row_lo, self.row_hi,
-                                                 self.head_dim, self.layout.row_bytes,
-                                                 max_programs=self.max_programs),
+                                                 self.head_dim, self.layout.row_bytes, block_rows=self.block_rows,
+                                                 max_programs=self.max_programs, num_warps=self.num_warps),
                 self.row_lo, self.row_hi)

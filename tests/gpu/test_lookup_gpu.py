@@ -187,6 +187,8 @@ def test_hot_row_cache_needs_cuda_and_a_sane_budget(demo_daemon):
         EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", hot_cache_bytes=-1)
 
 
+# The refused capture leaves an empty graph behind, and torch warns about it: expected here.
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
 def test_a_lookup_inside_a_cuda_graph_capture_is_refused_clearly(demo_daemon):
     from engram_client import NotCapturableError
 
@@ -202,3 +204,27 @@ def test_a_lookup_inside_a_cuda_graph_capture_is_refused_clearly(demo_daemon):
                     table.prefetch(ids)
         # Outside the capture the same lookup works, and is exact.
         assert_bf16_exact(table.lookup(ids), *demo_rows(0, 1, np.arange(64), 256))
+
+
+def test_ids_from_the_host_never_block_the_host_and_ids_on_the_gpu_wait_with_a_timeout(demo_daemon):
+    from engram_client import EngramTimeoutError
+
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+        table = client.table(14)
+        ids = np.random.default_rng(3).integers(0, table.num_rows, 6144)
+        table.lookup(torch.from_numpy(ids).cuda())  # warm: kernels compiled
+        gpu_ids = torch.from_numpy(ids[::-1].copy()).cuda()  # a pageable copy syncs: make it before the sleep
+        # Hold the caller's stream for a long while: the lookups, ordered after it, cannot start.
+        torch.cuda._sleep(2_000_000_000)
+        from_host = table.prefetch(torch.from_numpy(ids))
+        assert not from_host.blocks_host, "ids from the host were range-checked there"
+        rows = from_host.wait()  # returns while the GPU still sleeps: only stream-ordered
+        assert not from_host.done()
+        from_gpu = table.prefetch(gpu_ids)
+        assert from_gpu.blocks_host
+        with pytest.raises(EngramTimeoutError, match="lookup of 6144 ids in layer 14's rows"):
+            from_gpu.wait(timeout=0.05)
+        torch.cuda.synchronize()
+        assert_bf16_exact(rows, *demo_rows(0, 14, ids, 256))
+        assert_bf16_exact(from_gpu.wait(), *demo_rows(0, 14, ids[::-1].copy(), 256))
+        assert int(table._unused_count()) == 0, "the shared counter of host-checked calls was written"
