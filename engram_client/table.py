@@ -42,7 +42,8 @@ class EngramTable:
     # Cap on the lookup kernels' programs: a bounded grid leaves most SMs to the model's
     # kernels while a prefetch runs beside them.  None: one program per block of ids.
     max_programs: int | None = None
-    # Ids per block and warps per program of the lookup kernels (benchmarks/lookup_grid.py).
+    # Ids per block and warps per program of the lookup kernels (benchmarks/lookup_grid.py):
+    # measured at 16 and 4; 32 and 64 ids per block failed to compile with Triton 3.6.
     block_rows: int = 16
     num_warps: int = 4
     hot_cache: HotRowCache | None = None
@@ -154,6 +155,8 @@ class EngramTable:
             # pinned block until the copy has run.
             staged = flat if flat.is_pinned() else flat.contiguous().pin_memory()
             flat = staged.to(self.device, non_blocking=True)
+        elif flat.device != self.device:
+            flat = flat.to(self.device, non_blocking=True)  # ids on another GPU: the kernel counts them here
         flat = flat.contiguous()
         # Allocated on the caller's stream, so the memory belongs to the consumer of the result.
         out = torch.empty((flat.numel(), self.head_dim), dtype=self.out_dtype, device=self.device)

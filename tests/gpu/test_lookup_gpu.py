@@ -228,3 +228,18 @@ def test_ids_from_the_host_never_block_the_host_and_ids_on_the_gpu_wait_with_a_t
         assert_bf16_exact(rows, *demo_rows(0, 14, ids, 256))
         assert_bf16_exact(from_gpu.wait(), *demo_rows(0, 14, ids[::-1].copy(), 256))
         assert int(table._unused_count()) == 0, "the shared counter of host-checked calls was written"
+
+
+def test_ids_on_another_gpu_are_moved_and_counted_there(demo_daemon):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (nvidia-h200-x2)")
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+        table = client.table(1)
+        ids = np.random.default_rng(5).integers(0, table.num_rows, 3000)
+        handle = table.prefetch(torch.from_numpy(ids).to("cuda:1"))
+        assert handle.blocks_host  # not checked on the host: the kernel counts them on cuda:0
+        out = handle.wait()
+        assert out.device == torch.device("cuda:0")
+        assert_bf16_exact(out, *demo_rows(0, 1, ids, 256))
+        with pytest.raises(IdsOutOfRangeError, match="1 of 2 ids"):
+            table.lookup(torch.tensor([0, table.num_rows], device="cuda:1"))
