@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from benchmarks.common import summary, timed, vocab_for_table_bytes  # noqa: E402
+from benchmarks.common import summary, timed  # noqa: E402
+from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
 from engram_client.cuda_host import HostRegistration  # noqa: E402
 from engramd.checkpoint import read_checkpoint  # noqa: E402
@@ -63,7 +64,7 @@ def main() -> None:
     shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(shm, exist_ok=True)
     started = time.perf_counter()
-    write_checkpoint(ckpt, vocab_size=vocab_for_table_bytes(int(args.size_gib * 2**30)), shards=4)
+    write_checkpoint(ckpt, vocab_size=demo_vocab_for_table_bytes(int(args.size_gib * 2**30)), shards=4)
     synth_s = time.perf_counter() - started
     plan = read_checkpoint(ckpt)
     endpoint = f"ipc://{args.workdir}/engramd.sock"

@@ -7,12 +7,6 @@ import subprocess
 import time
 
 
-def vocab_for_table_bytes(target_bytes: int, layers: int = 2, heads_per_layer: int = 24,
-                          row_bytes: int = 264) -> int:
-    """The V4.1-shaped vocab size whose table is about ``target_bytes``."""
-    return max(1000, target_bytes // (layers * heads_per_layer * row_bytes))
-
-
 def summary(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 

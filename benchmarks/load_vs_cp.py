@@ -22,7 +22,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import drop_file, mount_huge_tmpfs, summary, timed, unmount, vocab_for_table_bytes  # noqa: E402
+from benchmarks.common import drop_file, mount_huge_tmpfs, summary, timed, unmount  # noqa: E402
+from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client.table_file import TableHeader  # noqa: E402
 from engramd.checkpoint import read_checkpoint  # noqa: E402
 from engramd.loader import CheckpointSource, Progress, fill_table  # noqa: E402
@@ -69,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     ckpt = os.path.join(args.workdir, "ckpt")
-    vocab = vocab_for_table_bytes(int(args.size_gib * 2**30))
+    vocab = demo_vocab_for_table_bytes(int(args.size_gib * 2**30))
     shutil.rmtree(args.workdir, ignore_errors=True)
     write_checkpoint(ckpt, vocab_size=vocab, shards=args.shards)
     plan = read_checkpoint(ckpt)

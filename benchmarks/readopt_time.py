@@ -22,6 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engram_client.connection import DaemonConnection  # noqa: E402
+from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client.errors import EngramError  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--load-threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
-    vocab = max(1000, int(args.table_gib * 2**30) // (2 * 24 * 264))
+    vocab = demo_vocab_for_table_bytes(int(args.table_gib * 2**30))
     socket_dir = tempfile.mkdtemp(prefix="engramd-readopt-")
     shm = tempfile.mkdtemp(prefix="engramd-readopt-", dir="/dev/shm")
     endpoint = f"ipc://{socket_dir}/engramd.sock"

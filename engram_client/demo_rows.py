@@ -26,6 +26,12 @@ def demo_config(vocab_size: int = DEMO_VOCAB_SIZE, layer_ids=(1, 14), max_ngram:
                         head_dim=head_dim, vocab_sizes=probe.vocab_sizes, source="demo")
 
 
+def demo_vocab_for_table_bytes(target_bytes: int) -> int:
+    """The demo vocab size whose table is about ``target_bytes``: each head has about vocab rows,
+    and demo_config's table is two layers of 3 orders x 8 heads of 264-byte rows."""
+    return max(1000, target_bytes // (2 * 24 * 264))
+
+
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

@@ -26,11 +26,11 @@ import torch
 
 from engram_client import EngramClient
 from engram_client.hot_rows import HotRowCache
+from engram_client.demo_rows import demo_vocab_for_table_bytes
 from engram_client.dequant import scale_factors
 
 SIZES = (6144, 49152, 393216)
 HOST_IDS = "ours:host-ids"  # the default table, ids from host memory
-HEADS_PER_TOKEN = 24
 ZIPF_S = 1.1
 
 
@@ -222,7 +222,7 @@ def print_table(results: dict) -> None:
 def start_daemon(table_gib: float, load_threads: int) -> tuple[subprocess.Popen, str, str]:
     socket_dir = tempfile.mkdtemp(prefix="engramd-bench-")
     shm_dir = tempfile.mkdtemp(prefix="engramd-bench-", dir="/dev/shm")
-    vocab = max(1000, int(table_gib * 2**30) // (2 * HEADS_PER_TOKEN * 264))
+    vocab = demo_vocab_for_table_bytes(int(table_gib * 2**30))
     endpoint = f"ipc://{socket_dir}/engramd.sock"
     proc = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
                              "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads),
