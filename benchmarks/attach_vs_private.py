@@ -14,7 +14,6 @@ Prints seconds and seconds per GiB for each, and their ratio, from one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from benchmarks.common import summary, timed  # noqa: E402
+from benchmarks.common import summary, timed, write_json  # noqa: E402
 from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
 from engram_client.cuda_host import HostRegistration  # noqa: E402
@@ -101,9 +100,7 @@ def main() -> None:
     for label, s in (("attach (map + register + verify)", a), ("private copy (read + register)", p)):
         print(f"{label:<34} {s['median']:9.2f} {s['min']:7.2f} {s['max']:7.2f} {s['median'] / gib:7.3f}")
     print(f"private / attach: {result['private_over_attach']:.1f}x")
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json_path, result)
 
 
 if __name__ == "__main__":

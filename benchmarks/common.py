@@ -1,10 +1,18 @@
 """Helpers shared by the benchmark scripts: sizes, timing summaries, tmpfs mounts."""
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
 import time
+
+
+def write_json(path: str | None, results) -> None:
+    """The results as indented JSON at ``path`` (--json), when one was given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
 
 
 def summary(samples: list[float]) -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import drop_file, mount_huge_tmpfs, summary, timed, unmount  # noqa: E402
+from benchmarks.common import drop_file, mount_huge_tmpfs, summary, timed, unmount, write_json  # noqa: E402
 from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client.table_file import TableHeader  # noqa: E402
 from engramd.checkpoint import read_checkpoint  # noqa: E402
@@ -114,9 +113,7 @@ def main() -> None:
             s = load["load_s"]
             print(f"{'':<20} {'load ' + str(load['threads']) + ' thr':<14} {s['median']:9.2f} {s['min']:7.2f} "
                   f"{s['max']:7.2f} {load['load_GBps']:7.2f} {load['ratio_vs_cp']:6.2f}")
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json_path, results)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ program, programs, priority of the model's stream) it times, on one demo table, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from benchmarks.common import write_json  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
 from engramd.bench import SIZES, IdSampler, _time_ms, measure_overlap, start_daemon  # noqa: E402
 
@@ -91,9 +91,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=120)
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json_path, results)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,9 @@ again on the same socket and shm dir and times until `status` says ready (re-ado
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,6 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import summary, write_json  # noqa: E402
 from engram_client.connection import DaemonConnection  # noqa: E402
 from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client.errors import EngramError  # noqa: E402
@@ -68,8 +67,7 @@ def main() -> None:
                 raise RuntimeError(f"expected a re-adoption, got {again}")
             readopt.append(seconds)
         result = {"table_bytes": status["table_bytes"], "first_load_s": load_s,
-                  "readopt_s": {"median": statistics.median(readopt), "min": min(readopt), "max": max(readopt),
-                                "n": len(readopt)}}
+                  "readopt_s": summary(readopt)}
     finally:
         if proc is not None:
             proc.terminate()
@@ -80,9 +78,7 @@ def main() -> None:
     print(f"table {result['table_bytes'] / 2**30:.2f} GiB: first start (full load) {load_s:.2f} s; "
           f"restart after kill -9 (re-adopt) median {r['median']:.3f} s, min {r['min']:.3f}, max {r['max']:.3f} "
           f"over {r['n']}")
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json_path, result)
 
 
 if __name__ == "__main__":
