@@ -7,7 +7,8 @@ imported on first use, so the daemon and light tools that only speak the protoco
 from .errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
                      EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotCapturableError,
                      NotReadyError,
-                     ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
+                     ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError,
+                     UnknownLayerError)
 from .protocol import PROTOCOL_VERSION, default_endpoint
 
 __version__ = "0.1.0"
@@ -15,7 +16,7 @@ __all__ = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
-    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError",
+    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "UnknownLayerError",
 ]
 _LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
 

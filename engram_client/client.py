@@ -15,6 +15,7 @@ none of them can hang, since every request they make is bounded.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import socket
 import threading
@@ -26,7 +27,7 @@ import torch
 
 from .connection import DaemonConnection
 from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
-                     NotAttachedError, NotReadyError, UnknownClientError)
+                     NotAttachedError, NotReadyError, UnknownClientError, UnknownLayerError)
 from .hot_rows import HotRowCache
 from .generation_map import MappedGeneration
 from .table import EngramTable
@@ -287,12 +288,16 @@ class EngramClient:
 
     # -- public API ------------------------------------------------------------------------
     def table(self, layer: int) -> EngramTable:
+        """The table of one Engram layer, by its layer id (an int, as in ``client.layers``)."""
         tables = self._state.tables
         if not tables:
             raise NotAttachedError("client is closed")
-        if layer not in tables:
-            raise KeyError(f"layer {layer} is not in this table (layers {self.layers})")
-        return tables[layer]
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+            raise UnknownLayerError(f"layer ids are ints, got {type(layer).__name__} {layer!r}: "
+                                    f"use one of {self.layers}")
+        if operator.index(layer) not in tables:
+            raise UnknownLayerError(f"layer {layer} is not in this table (layers {self.layers})")
+        return tables[operator.index(layer)]
 
     @property
     def client_id(self) -> str | None:

@@ -14,7 +14,8 @@
     ├── NotAttachedError             the client is closed or was never attached
     ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
     ├── NotCapturableError           a lookup started while a CUDA graph is being captured
-    └── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    ├── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    └── UnknownLayerError            ``client.table(layer)`` for a layer the table lacks, or not an int
 
 Each side maps lower-layer exceptions to these in one place and chains them with
 ``raise ... from exc``.  Error replies carry ``name`` so the client can raise the
@@ -91,6 +92,15 @@ class NotCapturableError(EngramError):
 
 class IdsOutOfRangeError(EngramError, IndexError):
     code = "ids_out_of_range"
+
+
+class UnknownLayerError(EngramError, KeyError):
+    """Also a KeyError, as a missing key of ``client.table`` is; its message reads plainly."""
+
+    code = "unknown_layer"
+
+    def __str__(self) -> str:  # KeyError would quote the message as if it were the key
+        return str(self.args[0]) if self.args else ""
 
 
 # Error replies name the class; the client turns the name back into the class.
