@@ -41,6 +41,7 @@ from .leases import LeaseTable
 from .loader import CheckpointSource, DemoSource, fill_table
 from .metrics import NoMetrics
 from .numa import bind_this_thread
+from .sizes import human_bytes
 from .table_store import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
@@ -153,8 +154,8 @@ class Daemon:
                 bind_this_thread(self.config.numa_node)  # fallocate below places every page on that node
             source = make_source()
             writer = self.shm.create(header)
-            log.info("loading generation %d from %s into %s (%.2f GiB)", generation.number, header.checkpoint,
-                     writer.partial_path, header.total_bytes / 2**30)
+            log.info("loading generation %d from %s into %s (%s)", generation.number, header.checkpoint,
+                     writer.partial_path, human_bytes(header.total_bytes))
             started = time.monotonic()
             fill_table(writer, source, generation.progress, self.config.load_threads, self._cancel_load,
                        self.config.max_load_rate)
@@ -163,8 +164,8 @@ class Daemon:
             generation.path = writer.publish()
             writer = None
             elapsed = time.monotonic() - started
-            log.info("generation %d ready: %s, %.2f GiB in %.2f s (%.2f GB/s)", generation.number, generation.path,
-                     header.total_bytes / 2**30, elapsed, generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9)
+            log.info("generation %d ready: %s, %s in %.2f s (%.2f GB/s)", generation.number, generation.path,
+                     human_bytes(header.total_bytes), elapsed, generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9)
             self._finish(generation)
         except Exception as exc:  # any failure becomes that generation's 'failed', with its reason
             generation.error = str(exc) if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"

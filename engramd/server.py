@@ -27,7 +27,8 @@ from .config import ConfigError, ServeConfig
 from .daemon import Daemon
 from .generation import LOADING
 from .ops import OPERATIONS
-from .progress import ProgressBar
+from .lock_owner import holder, write_pid
+from .progress import progress_for
 from .metrics import Metrics, NoMetrics
 from .notify import SystemdNotifier
 from .remote_status import RemoteStatus
@@ -57,7 +58,9 @@ class EndpointLock:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self.fd)
-            raise ConfigError(f"another engramd is serving {endpoint} (lock {self.path} is held)") from exc
+            raise ConfigError(f"another engramd{holder(self.path)} is serving {endpoint} "
+                              f"(lock {self.path} is held); stop it first: engramd stop --socket {endpoint}") from exc
+        write_pid(self.fd)
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -99,7 +102,7 @@ class Server:
                 self.daemon.shm.close()
             self.lock.release()
             raise
-        self.progress = ProgressBar(sys.stderr) if config.progress_bar else None
+        self.progress = progress_for(sys.stderr, config.progress_bar)
         self.notifier = SystemdNotifier()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
@@ -209,8 +212,8 @@ class Server:
                 if self.daemon.state == LOADING:
                     load = self.daemon.current.progress.snapshot()
                     self.notifier.progress(load["done_bytes"], load["total_bytes"])
-                if self.progress is not None:
-                    self.progress.update(self.daemon.state == LOADING, self.daemon.current.progress.snapshot())
+                self.progress.watch(self.daemon)
+            self.progress.close()
             self.daemon.shutdown()
             self._publish_events()
             time.sleep(0.05)  # let the last 'stopping' event leave the PUB socket

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from engram_client.errors import ShmSpaceError, TableFileError
 from engram_client.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
+from .lock_owner import holder
+from .sizes import human_bytes
+
 log = logging.getLogger("engramd.table_store")
 _TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)\.table(\.partial)?$")
 
@@ -37,7 +40,7 @@ def instance_id(endpoint: str) -> str:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return human_bytes(n)
 
 
 class ShmDir:
@@ -56,7 +59,7 @@ class ShmDir:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self._lock_fd)
-            raise TableFileError(f"another live engramd already owns {self.lock_path} "
+            raise TableFileError(f"another live engramd{holder(self.lock_path)} already owns {self.lock_path} "
                                  f"(same endpoint and shm dir); stop it first") from exc
         try:  # the pid is for people reading the dir; hugetlbfs has no write(2), and that is fine
             os.ftruncate(self._lock_fd, 0)
@@ -136,7 +139,8 @@ class ShmDir:
         if free < nbytes:
             raise ShmSpaceError(
                 f"shm dir {self.directory} has {_gib(free)} free but the table needs {_gib(nbytes)} "
-                f"({nbytes} bytes). Give it more: in Docker, --shm-size={-(-nbytes // 2**30) + 1}g or --ipc=host; "
+                f"({nbytes} bytes). Give it more, with room for a reload's second generation beside the first: "
+                f"in Docker, --shm-size={-(-2 * nbytes // 2**30) + 1}g or --ipc=host; "
                 f"in Kubernetes, a bigger memory-backed emptyDir; otherwise remount the tmpfs larger "
                 f"(mount -o remount,size=... {self.directory}) or point --shm-dir at a bigger tmpfs or hugetlbfs")
 

@@ -233,9 +233,11 @@ def test_handlers_on_a_loaded_table(tmp_path):
 
 # -- progress ----------------------------------------------------------------------------
 def test_progress_render():
-    gib = 2**30
+    gib, mib = 2**30, 2**20
     assert render(0, 2 * gib) == "loading [" + "." * 30 + "]   0.0% 0.00/2.00 GiB"
     assert render(gib, 2 * gib) == "loading [" + "#" * 15 + "." * 15 + "]  50.0% 1.00/2.00 GiB"
     assert render(2 * gib, 2 * gib) == "loading [" + "#" * 30 + "] 100.0% 2.00/2.00 GiB"
-    assert render(0, 0) == "loading [" + "." * 30 + "]   0.0% 0.00/0.00 GiB"  # no division by zero
-    assert render(1, 2, width=4) == "loading [##..]  50.0% 0.00/0.00 GiB"
+    assert render(0, 0) == "loading [" + "." * 30 + "]   0.0% 0/0 bytes"  # no division by zero
+    assert render(1, 2, width=4) == "loading [##..]  50.0% 1/2 bytes"
+    # below 0.01 GiB the unit is MiB, so a small table never reads "0.00/0.01 GiB"
+    assert render(12 * mib, 38 * mib, width=4) == "loading [#...]  31.6% 12.0/38.0 MiB"
