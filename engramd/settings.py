@@ -49,6 +49,8 @@ SETTINGS = [
     Setting("socket", str, None, "Request endpoint [default: a per-user ipc:// path].", metavar="ENDPOINT"),
     Setting("events_socket", str, None, "PUB endpoint [default: <socket>.events].", metavar="ENDPOINT"),
     Setting("shm_dir", PATH, "/dev/shm", "Where the table file lives (tmpfs, huge=always tmpfs or hugetlbfs)."),
+    Setting("allow_disk", bool, False, "Accept an --shm-dir that is not tmpfs or hugetlbfs (the table then lives "
+            "on disk and ranks page it in from there).", flag="--allow-disk/--no-allow-disk"),
     Setting("load_threads", int, 4, "Parallel copy threads."),
     Setting("lease_seconds", float, 10.0, "A client that sends no heartbeat for this long is dropped."),
     Setting("max_load_rate", float, None, "Cap the load's copy rate, to spare running engines' memory bandwidth.",
@@ -104,18 +106,24 @@ SOURCES = {ParameterSource.COMMANDLINE: "command line", ParameterSource.ENVIRONM
            ParameterSource.DEFAULT_MAP: "config file", ParameterSource.DEFAULT: "default"}
 
 
-def describe(ctx: click.Context, values: dict[str, Any]) -> str:
-    """The effective settings as TOML, each with where its value came from."""
+def describe(ctx: click.Context, values: dict[str, Any], resolved: dict[str, Any] | None = None) -> str:
+    """The effective settings as TOML, each with where its value came from; ``resolved`` holds
+    what the daemon makes of a value (absolute paths, the default endpoint) where that differs."""
     lines = []
     for setting in SETTINGS:
         value = values[setting.name]
         source = SOURCES.get(ctx.get_parameter_source(setting.name), "default")
         if source == "environment":
             source += f" ({setting.envvar})"
+        if resolved and setting.name in resolved:
+            given = "unset" if value is None or value == () else json.dumps(list(value) if isinstance(value, tuple)
+                                                                              else value)
+            source += f"; resolved from {given}"
+            value = resolved[setting.name]
         if value is None or value == ():
             lines.append(f"# {setting.name} = (unset)  # {source}")
         else:
-            rendered = json.dumps(list(value) if isinstance(value, tuple) else value)
+            rendered = json.dumps(list(value) if isinstance(value, (tuple, list)) else value)
             lines.append(f"{setting.name} = {rendered}  # {source}")
     return "\n".join(lines)
 
