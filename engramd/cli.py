@@ -10,119 +10,66 @@ import json
 import os
 import sys
 import time
+from typing import Any, NoReturn
 
 import click
 
-from engram_client.connection import DaemonConnection
 from engram_client.errors import DaemonUnavailableError, EngramError
 
-from . import __version__
+from . import __version__, reach
+from .cli_errors import EXIT_UNREACHABLE, MappedGroup, describe_os_error, fail
+from .sizes import human_bytes
+from .status_text import render_status
 
-EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 3
 
-
-def _fail(message: str, code: int = 1):
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+def _fail(message: str, code: int = 1) -> NoReturn:
+    fail(message, code)
 
 
 def _human_bytes(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return human_bytes(n)
 
 
 socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
                              help="Daemon endpoint [default: $ENGRAMD_SOCKET or a per-user ipc:// path].")
 
 
-@click.group()
+@click.group(cls=MappedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="engramd")
 def main() -> None:
-    """engramd: one Engram table per node, in /dev/shm, shared by every rank."""
+    """engramd: one Engram table per node, in /dev/shm, shared by every rank.
+
+    Shell completion: eval "$(_ENGRAMD_COMPLETE=bash_source engramd)" (zsh_source, fish_source)."""
 
 
-def _print_status(status: dict) -> None:
-    from .progress import render
-
-    click.echo(f"state       {status['state']}" + (f"  ({status['error']})" if status.get("error") else ""))
-    click.echo(f"generation  {status['generation']}   boot {status['boot_id']}   pid {status.get('pid')}")
-    click.echo(f"checkpoint  {status['checkpoint']}")
-    click.echo(f"table       {_human_bytes(status['table_bytes'])}  {status.get('table_path') or ''}")
-    for layer in status["layers"]:
-        click.echo(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
-                   f"{len(layer['head_sizes'])} heads")
-    if status["state"] == "loading":
-        click.echo("  " + render(status["load"]["done_bytes"], status["load"]["total_bytes"]))
-    reload = status.get("reload")
-    if reload:
-        line = f"reload      generation {reload['generation']} from {reload['checkpoint']}: {reload['state']}"
-        if reload["state"] == "loading":
-            line += "  " + render(reload["load"]["done_bytes"], reload["load"]["total_bytes"])
-        click.echo(line + (f"  ({reload['error']})" if reload.get("error") else ""))
-    if status.get("numa_node") is not None:
-        click.echo(f"numa node   {status['numa_node']}")
-    click.echo(f"clients     {len(status['clients'])}")
-    for client in status["clients"]:
-        attached = time.strftime("%H:%M:%S", time.localtime(client["attached_at"]))
-        click.echo(f"  {client['id']:<14} pid {client['pid']:<8} {client['device']:<8} rank {client['rank']}  "
-                   f"attached {attached}")
-
-
-@main.command()
-@socket_option
-@click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
-@click.option("--curve-keys-dir", default=None, type=click.Path(file_okay=False),
-              help="For a tcp:// socket: use DIR/client.key_secret and trust DIR/server.key.")
-@click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
-              help="Wait up to this long for the table to be ready.")
-def status(endpoint, as_json, curve_keys_dir, wait_s) -> None:
-    """Print the daemon's status; exit 0 iff its table is ready (1 not ready, 3 unreachable)."""
-    try:
-        connection = DaemonConnection(endpoint, curve_keys_dir=curve_keys_dir)
-    except EngramError as exc:
-        _fail(str(exc))
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                reply = connection.request("status", timeout=max(0.5, min(2.0, deadline - time.monotonic())))
-            except DaemonUnavailableError as exc:
-                reply, unreachable = None, exc
-            except EngramError as exc:
-                _fail(str(exc))
-            # A failed load never becomes ready by itself: no point waiting out --wait.
-            if (reply is not None and reply["state"] in ("ready", "failed")) or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        connection.close()
-    if reply is None:
-        _fail(str(unreachable), EXIT_UNREACHABLE)
-    if as_json:
-        click.echo(json.dumps(reply, indent=2, sort_keys=True))
-    else:
-        _print_status(reply)
-    sys.exit(0 if reply["state"] == "ready" else EXIT_NOT_READY)
+def _print_status(status: dict[str, Any]) -> None:
+    for line in render_status(status):
+        click.echo(line)
 
 
 @main.command()
 @socket_option
 @click.option("--timeout", default=10.0, show_default=True, type=float, help="Seconds to wait for the daemon to exit.")
-def stop(endpoint, timeout) -> None:
-    """Ask the daemon to stop; returns once it no longer answers."""
-    connection = DaemonConnection(endpoint)
+def stop(endpoint: str | None, timeout: float) -> None:
+    """Ask the daemon to stop; returns once it no longer answers (at once if there is none)."""
     try:
-        connection.request("stop", timeout=5.0)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        connection = reach.connect(endpoint)
+    except reach.DaemonAbsentError as exc:
+        _fail(f"{exc}; nothing to stop", EXIT_UNREACHABLE)
+    try:
+        reach.ask(connection, "stop", timeout=5.0)
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if reach.absent_reason(connection.endpoint) is not None:
+                click.echo("engramd stopped")
+                return
             try:
                 connection.request("status", timeout=0.5)
             except DaemonUnavailableError:
                 click.echo("engramd stopped")
                 return
             time.sleep(0.1)
-        _fail(f"engramd at {connection.endpoint} still answers {timeout:.0f} s after stop")
-    except EngramError as exc:
-        _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
+        _fail(f"engramd at {connection.endpoint} still answers {time.monotonic() - started:.1f} s after stop")
     finally:
         connection.close()
 
@@ -133,27 +80,28 @@ def stop(endpoint, timeout) -> None:
               help="Load this checkpoint (under a reload root) [default: the one being served].")
 @click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
               help="Wait up to this long for the new generation to be served.")
-def reload(endpoint, checkpoint, wait_s) -> None:
+def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
     """Load generation g+1 beside g; g keeps serving until g+1 is complete."""
-    connection = DaemonConnection(endpoint)
+    connection = reach.connect(endpoint)
     try:
-        started = connection.request("reload", {"checkpoint": os.path.abspath(checkpoint) if checkpoint else None})
+        started = reach.ask(connection, "reload",
+                            {"checkpoint": os.path.abspath(checkpoint) if checkpoint else None})
         click.echo(f"loading generation {started['generation']} from {started['checkpoint']}")
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            status = connection.request("status", timeout=5.0)
+        begun = time.monotonic()
+        while time.monotonic() - begun < wait_s:
+            status = reach.ask(connection, "status", timeout=5.0)
             pending = status["reload"]
             if status["generation"] == started["generation"] and status["state"] == "ready":
-                click.echo(f"generation {started['generation']} is served")
+                click.echo(f"generation {started['generation']} is served "
+                           f"(after {time.monotonic() - begun:.1f} s)")
                 return
             if (pending and pending["generation"] == started["generation"] and pending["state"] == "failed") or \
                     (status["generation"] == started["generation"] and status["state"] == "failed"):
                 _fail(f"generation {started['generation']} failed: {(pending or status)['error']}")
             time.sleep(0.2)
         if wait_s:
-            _fail(f"generation {started['generation']} was not served within {wait_s:.0f} s")
-    except EngramError as exc:
-        _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
+            _fail(f"generation {started['generation']} was not served within {time.monotonic() - begun:.1f} s "
+                  "(it goes on loading; see engramd status)")
     finally:
         connection.close()
 
@@ -201,16 +149,21 @@ def _int_list(_ctx, _param, value: str) -> list[int]:
 @click.option("--head-dim", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--shards", default=1, show_default=True, type=int)
-def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) -> None:
-    """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout."""
+@click.option("--force", is_flag=True, help="Write into a non-empty directory, replacing only checkpoint files.")
+def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads: int, head_dim: int, seed: int,
+          shards: int, force: bool) -> None:
+    """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout into an empty or new directory."""
     from .synth import write_checkpoint
+    from .synth_target import prepare_outdir
 
     try:
+        removed, kept = prepare_outdir(outdir, force)
         config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
-    except EngramError as exc:
-        _fail(str(exc))
     except OSError as exc:
-        _fail(f"{outdir}: cannot write the checkpoint: {exc.strerror or exc}")
+        _fail(f"cannot write the checkpoint in {outdir}: {describe_os_error(exc)}")
+    if removed:
+        click.echo(f"removed the old checkpoint files {', '.join(removed)}" +
+                   (f"; kept {', '.join(kept)}" if kept else ""))
     click.echo(f"wrote {outdir}: layers {config['engram_layer_ids']}, rows {config['engram_num_embeddings']}")
 
 
@@ -232,7 +185,10 @@ def keys(directory) -> None:
     """Create CURVE keys for --remote-status: a server keypair and one authorized client keypair."""
     from .remote_status import create_keys
 
-    paths = create_keys(directory)
+    try:
+        paths = create_keys(directory)
+    except OSError as exc:
+        _fail(f"cannot create CURVE keys in {directory}: {describe_os_error(exc)}")
     click.echo(f"server: {paths['server_secret']} (give the daemon --curve-keys-dir {directory})")
     click.echo(f"client: {paths['client_secret']} (authorized in {paths['authorized']}); "
                f"status --socket tcp://... --curve-keys-dir {directory}")
@@ -273,8 +229,10 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
 
 
 from .serve_cli import serve  # noqa: E402  (after main exists; serve_cli needs nothing from here)
+from .status_cli import status  # noqa: E402
 
 main.add_command(serve)
+main.add_command(status)
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ from engram_client.connection import DaemonConnection
 from engram_client.errors import EngramError
 
 from .cli import _print_status
+from .sizes import human_bytes
 
 READY_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 300.0
@@ -57,6 +58,7 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
     socket_dir = tempfile.mkdtemp(prefix="engramd-demo-")
     shm_dir = tempfile.mkdtemp(prefix="engramd-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     endpoint = f"ipc://{socket_dir}/engramd.sock"
+    spawned = time.monotonic()
     daemon = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint,
                                "--shm-dir", shm_dir, "--no-progress", "--log-level", "warning"])
     connection = DaemonConnection(endpoint)
@@ -64,8 +66,9 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
     failed = True
     try:
         status = _wait_ready(connection, daemon)
-        click.echo(f"engramd ready: demo table {status['table_bytes'] / 2**20:.1f} MiB in {shm_dir}, "
-                   f"layers {[layer['layer'] for layer in status['layers']]}")
+        click.echo(f"engramd ready: demo table {human_bytes(status['table_bytes'])} in {shm_dir}, "
+                   f"layers {[layer['layer'] for layer in status['layers']]}; started and loaded in "
+                   f"{time.monotonic() - spawned:.2f} s")
         for rank, device in enumerate(devices):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "engramd.demo_rank", "--socket", endpoint, "--rank", str(rank),
@@ -80,7 +83,8 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
             reports.append(json.loads(line))
         for report in reports:
             verdict = "OK" if report["mismatches"] == 0 and report["out_of_range_refused"] else "FAILED"
-            click.echo(f"rank {report['rank']} pid {report['pid']} on {report['device']}: {report['lookups']} lookups, "
+            click.echo(f"rank {report['rank']} pid {report['pid']} on {report['device']}: attached in "
+                       f"{report['attach_seconds']:.2f} s, {report['lookups']} lookups, "
                        f"{report['rows_checked']} rows bit-exact vs reference: {report['mismatches']} mismatches, "
                        f"out-of-range ids refused: {report['out_of_range_refused']}  [{verdict}]")
         click.echo("--- engramd status with the ranks attached ---")

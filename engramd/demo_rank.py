@@ -32,8 +32,10 @@ def check(table, out: torch.Tensor, ids: np.ndarray, seed: int) -> int:
 def run(args) -> dict:
     rng = np.random.default_rng(1000 + args.rank)
     report = {"rank": args.rank, "device": args.device, "lookups": 0, "rows_checked": 0, "mismatches": 0}
+    attach_started = time.perf_counter()
     with EngramClient(endpoint=args.socket, device=args.device, timeout=60.0, rank=args.rank) as client:
-        report.update(client_id=client.client_id, pid=os.getpid())
+        report.update(client_id=client.client_id, pid=os.getpid(),
+                      attach_seconds=round(time.perf_counter() - attach_started, 3))
         started = time.perf_counter()
         for i in range(args.lookups):
             layer = client.layers[i % len(client.layers)]

@@ -81,9 +81,21 @@ def write_checkpoint(outdir: str, vocab_size: int = 2000, layer_ids: list[int] =
                 tensors[stem + ".scale"] = random_scale(seed, layout.layer, layout.rows, layout.head_dim)
         save_file(tensors, os.path.join(outdir, shard), metadata={"format": "pt"})
         del tensors
+    written = ["config.json", *shard_names]
     if shards > 1:
         weight_map = dict(assignment)
         weight_map.update({f"{prefix}layers.{i}.self_attn.o_proj.weight": s for i, s in enumerate(shard_names)})
         with open(os.path.join(outdir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+        written.append("model.safetensors.index.json")
+    _same_mode(outdir, written)
     return config
+
+
+def _same_mode(outdir: str, names: list[str]) -> None:
+    """Give every file the mode the umask gives new files: safetensors writes its shards 0600
+    (through a temporary file) while open() honours the umask, and one checkpoint wants one mode."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for name in names:
+        os.chmod(os.path.join(outdir, name), 0o666 & ~umask)
