@@ -18,7 +18,6 @@ import os
 from dataclasses import dataclass
 
 from .config import ConfigError
-from .sizes import human_bytes
 
 TMPFS_MAGIC = 0x01021994
 HUGETLBFS_MAGIC = 0x958458F6
@@ -47,10 +46,14 @@ class ShmFilesystem:
         if not self.in_memory:
             return (f"shm dir {self.directory} is on {self.kind}, not in memory (--allow-disk): the table lives "
                     f"on disk and ranks page it in from there")
-        line = f"shm dir {self.directory} is {self.kind}: the table gets {human_bytes(self.page_size)} pages"
+        line = f"shm dir {self.directory} is {self.kind}: the table gets {page_size_text(self.page_size)} pages"
         if self.page_size <= os.sysconf("SC_PAGE_SIZE"):
             line += " (a huge=always tmpfs or a hugetlbfs mount gives 2 MiB pages, fewer TLB misses on lookups)"
         return line
+
+
+def page_size_text(size: int) -> str:
+    return f"{size // 2**20} MiB" if size >= 2**20 else f"{size // 2**10} KiB"
 
 
 def _statfs(directory: str) -> _StatFs:

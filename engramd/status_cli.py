@@ -65,11 +65,12 @@ def poll_status(endpoint: str, curve_keys_dir: str | None, wait_s: float, displa
     connection: DaemonConnection | None = None
     try:
         while True:
-            reply, problem = None, None
+            reply, problem, asked = None, None, False
             try:
                 if connection is None:
                     connection = reach.connect(endpoint, curve_keys_dir=curve_keys_dir)
                 timeout = max(0.5, min(2.0, deadline - time.monotonic()))
+                asked = True
                 reply = connection.request("status", timeout=timeout)
             except DaemonUnavailableError as exc:
                 problem = exc
@@ -83,6 +84,8 @@ def poll_status(endpoint: str, curve_keys_dir: str | None, wait_s: float, displa
                 if isinstance(problem, reach.DaemonAbsentError):
                     raise reach.DaemonAbsentError(endpoint, problem.reason + (f" (waited {waited:.1f} s)"
                                                                               if wait_s else ""))
+                if not asked:  # refused before asking (permission denied): that message says it all
+                    raise problem
                 raise reach.unanswered(endpoint, "status", waited) from problem
             display.show(_waiting_text(reply, problem, waited))
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))

@@ -90,7 +90,7 @@ def test_status_human_output(demo_daemon):
         rows = {layer["layer"]: layer["rows"] for layer in demo_daemon.status()["layers"]}
         for layer, count in rows.items():
             assert re.search(rf"^\s+layer\s+{layer}: {count} rows x 256, 24 heads$", out, re.M), out
-        assert re.search(r"^clients\s+1$", out, re.M) and client.client_id in out and "rank 5" in out
+        assert re.search(r"^clients\s+1 ", out, re.M) and client.client_id in out and "rank 5" in out
 
 
 def test_status_honours_engramd_socket(demo_daemon):
