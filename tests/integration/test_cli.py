@@ -414,6 +414,8 @@ def test_demo_as_a_process():
         line = next((line for line in lines if line.startswith(f"rank {rank} ")), None)
         assert line is not None, proc.stdout
         assert "0 mismatches" in line and line.endswith("[OK]"), line
+        assert re.search(r": attached in [0-9.]+ s, ", line), line  # README advertises the attach time
+    assert re.search(r"^engramd ready: .* started and loaded in [0-9.]+ s$", proc.stdout, re.M), proc.stdout
     assert "clients still attached: 0" in proc.stdout
     assert "table file removed: True" in proc.stdout
 
