@@ -19,7 +19,7 @@ from .errors import REPLY_ERRORS, DaemonUnavailableError, ProtocolError, Request
 
 
 class DaemonConnection:
-    def __init__(self, endpoint: str | None = None, curve_keys_dir: str | None = None):
+    def __init__(self, endpoint: str | None = None, curve_keys_dir: str | None = None) -> None:
         self.endpoint = endpoint or protocol.default_endpoint()
         self.curve_keys_dir = curve_keys_dir
         if self.endpoint.startswith("tcp://") and curve_keys_dir is None:

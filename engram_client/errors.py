@@ -55,7 +55,7 @@ class RequestError(EngramError):
 
     code = "request_failed"
 
-    def __init__(self, message: str, code: str | None = None, name: str | None = None):
+    def __init__(self, message: str, code: str | None = None, name: str | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code

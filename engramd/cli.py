@@ -109,7 +109,7 @@ def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
 @main.command()
 @click.argument("checkpoint", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
-def inspect(checkpoint, as_json) -> None:
+def inspect(checkpoint: str, as_json: bool) -> None:
     """Layout and table size of a checkpoint, from its headers alone."""
     from engram_client.table_file import TableHeader
 
@@ -133,7 +133,7 @@ def inspect(checkpoint, as_json) -> None:
     click.echo(f"files       {len(plan.files)}")
 
 
-def _int_list(_ctx, _param, value: str) -> list[int]:
+def _int_list(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
     try:
         return [int(part) for part in value.split(",") if part.strip()]
     except ValueError as exc:
@@ -172,7 +172,7 @@ def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads
 @click.option("--device", "device_kind", default="auto", type=click.Choice(["auto", "cpu", "cuda"]), show_default=True)
 @click.option("--lookups", default=20, show_default=True, type=int, help="Lookups per rank.")
 @click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
-def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
+def demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int) -> None:
     """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
     from .demo_job import run_demo
 
@@ -181,7 +181,7 @@ def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False))
-def keys(directory) -> None:
+def keys(directory: str) -> None:
     """Create CURVE keys for --remote-status: a server keypair and one authorized client keypair."""
     from .remote_status import create_keys
 
@@ -207,8 +207,8 @@ def keys(directory) -> None:
 @click.option("--hot-cache-gib", default=1.0, show_default=True, type=float,
               help="Also time the default path with a hot-row cache of this size (0: skip).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
-def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, hot_cache_gib,
-          json_path) -> None:
+def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: str, load_threads: int,
+          overlap_steps: int, max_programs: str, hot_cache_gib: float, json_path: str | None) -> None:
     """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
     import torch
 

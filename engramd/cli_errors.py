@@ -25,7 +25,7 @@ EXIT_FAILED, EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 1, 3
 class CommandFailed(click.ClickException):
     """A command's failure, shown as one ``error:`` line with its own exit code."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 

@@ -28,7 +28,7 @@ def render(done: int, total: int, width: int = 30) -> str:
     return f"loading [{'#' * filled}{'.' * (width - filled)}] {fraction * 100:5.1f}% {human_pair(done, total)}"
 
 
-def loading_generation(daemon: Any):
+def loading_generation(daemon: Any) -> Any:
     """The generation whose load is running (the first load, or a reload beside the served one), or None."""
     for generation in (daemon.pending, daemon.current):
         if generation is not None and generation.state == "loading" and generation.progress.total_bytes:
@@ -41,7 +41,7 @@ class ProgressBar:
 
     WIDTH = 30
 
-    def __init__(self, stream: TextIO, interval: float = 0.25):
+    def __init__(self, stream: TextIO, interval: float = 0.25) -> None:
         self.stream = stream
         self.interval = interval
         self._last = 0.0
@@ -92,7 +92,7 @@ class ProgressBar:
 class _EndBarFirst(logging.Filter):
     """Ends the bar's line before a log record is written, so the record starts a line of its own."""
 
-    def __init__(self, bar: ProgressBar):
+    def __init__(self, bar: ProgressBar) -> None:
         super().__init__()
         self.bar = bar
 
@@ -104,7 +104,7 @@ class _EndBarFirst(logging.Filter):
 class ProgressLog:
     """A log line every ``interval`` seconds of a load: bytes, rate, time left."""
 
-    def __init__(self, interval: float = LOG_INTERVAL_S):
+    def __init__(self, interval: float = LOG_INTERVAL_S) -> None:
         self.interval = interval
         self._watched: Any = None
         self._started = self._last = 0.0

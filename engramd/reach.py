@@ -30,7 +30,7 @@ PROBE_TIMEOUT_S = 1.0
 class DaemonAbsentError(DaemonUnavailableError):
     """No daemon can be at the endpoint; known without waiting for an answer."""
 
-    def __init__(self, endpoint: str, reason: str):
+    def __init__(self, endpoint: str, reason: str) -> None:
         super().__init__(f"no engramd at {endpoint}: {reason}")
         self.endpoint = endpoint
         self.reason = reason

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
@@ -11,16 +11,19 @@ from engram_client.errors import EngramError
 
 from .settings import SETTINGS, config_option, describe
 
+if TYPE_CHECKING:
+    from .config import ServeConfig
+
 log = logging.getLogger("engramd")
 
 
-def _with_settings(fn):
+def _with_settings(fn: Callable[..., None]) -> Callable[..., None]:
     for setting in reversed(SETTINGS):
         fn = setting.option()(fn)
     return fn
 
 
-def _build_config(values: dict[str, Any]):
+def _build_config(values: dict[str, Any]) -> "ServeConfig":
     from .config import ServeConfig
 
     optional = {} if values["demo_vocab_size"] is None else {"demo_vocab_size": values["demo_vocab_size"]}
@@ -37,7 +40,7 @@ def _build_config(values: dict[str, Any]):
         progress_bar=sys.stderr.isatty() if values["progress"] is None else values["progress"], **optional)
 
 
-def _resolved(values: dict[str, Any], config) -> dict[str, Any]:
+def _resolved(values: dict[str, Any], config: "ServeConfig") -> dict[str, Any]:
     """The settings whose value the daemon turns into something else (a default endpoint, an absolute path)."""
     made = {"socket": config.endpoint, "events_socket": config.events_endpoint, "shm_dir": config.shm_dir,
             "checkpoint": config.checkpoint, "reload_root": list(config.reload_roots)}
@@ -60,7 +63,7 @@ def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
 @_with_settings
 @click.option("--print-config", is_flag=True, help="Print the effective settings and where each came from; exit.")
 @click.pass_context
-def serve(ctx: click.Context, config_file, print_config, **values) -> None:
+def serve(ctx: click.Context, config_file: str | None, print_config: bool, **values: Any) -> None:
     """Load the table into the shm dir and serve it until stopped.
 
     Each setting comes from, highest first: its flag, its ENGRAMD_* environment variable,

@@ -30,7 +30,7 @@ POLL_S = 0.2
 class WaitDisplay:
     """One line on a terminal saying what ``--wait`` waits for; nothing elsewhere."""
 
-    def __init__(self, stream: TextIO, enabled: bool):
+    def __init__(self, stream: TextIO, enabled: bool) -> None:
         self.stream, self.enabled, self._drawn = stream, enabled, False
 
     def show(self, text: str) -> None:
