@@ -88,6 +88,9 @@ def unanswered(endpoint: str, op: str, waited_s: float) -> DaemonUnavailableErro
     reason = absent_reason(endpoint)
     if reason is not None:  # it went away while we waited
         return DaemonAbsentError(endpoint, f"{reason} (after waiting {waited_s:.1f} s)")
-    return DaemonUnavailableError(f"engramd at {endpoint} did not answer {op!r} within {waited_s:.1f} s "
-                                  "(its socket file is there, but nothing answered: is the daemon hung or "
-                                  "overloaded?)")
+    if ipc_path(endpoint) is None:  # tcp://: silence is all a CURVE socket shows, whatever the cause
+        why = ("is a daemon serving --remote-status at that address, and are these keys among those "
+               "its --curve-keys-dir authorizes?")
+    else:
+        why = "its socket file is there, but nothing answered: is the daemon hung or overloaded?"
+    return DaemonUnavailableError(f"engramd at {endpoint} did not answer {op!r} within {waited_s:.1f} s ({why})")

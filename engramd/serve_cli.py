@@ -49,8 +49,11 @@ def _resolved(values: dict[str, Any], config: "ServeConfig") -> dict[str, Any]:
 
 
 def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
+    from .shm_check import check_shm_dir
+
     try:
         config = _build_config(values)
+        check_shm_dir(config.shm_dir, values["allow_disk"])
     except EngramError as exc:
         click.echo(describe(ctx, values))
         click.echo(f"# refused as it stands: {exc}")
@@ -83,5 +86,5 @@ def serve(ctx: click.Context, config_file: str | None, print_config: bool, **val
     except EngramError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    log.info(shm.describe())
+    (log.info if shm.in_memory else log.warning)(shm.describe())
     sys.exit(server.serve_forever())

@@ -111,3 +111,12 @@ def test_inspect_a_checkpoint_this_user_may_not_read(tmp_path):
     os.chmod(checkpoint, 0o700)
     line = one_error_line(engramd_as_nobody("inspect", str(checkpoint)))
     assert str(checkpoint) in line
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(demo_daemon):
+    proc = subprocess.Popen([sys.executable, "-m", "engramd", "status", "--socket", demo_daemon.endpoint],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # as `engramd status | head -0` would
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=PROCESS_TIMEOUT_S) == 141  # the shell's code for a process ended by SIGPIPE
+    assert stderr == "", stderr

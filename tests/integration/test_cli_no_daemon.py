@@ -117,3 +117,17 @@ def test_status_wait_still_waits_for_a_daemon_that_starts_later(daemon_factory, 
         starter.join()
     assert result.exit_code == 0, result.output
     assert re.search(r"^state\s+ready$", result.stdout, re.M)
+
+
+def test_silence_on_tcp_is_explained_without_talk_of_socket_files(tmp_path):
+    from engramd.remote_status import create_keys
+    from waiting import free_port
+
+    keys = str(tmp_path / "keys")
+    create_keys(keys)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    result = cli("status", "--json", "--socket", endpoint, "--curve-keys-dir", keys)
+    assert result.exit_code == EXIT_UNREACHABLE
+    report = json.loads(result.stdout)
+    assert report["state"] == "unreachable" and "did not answer 'status'" in report["error"]
+    assert "--remote-status" in report["error"] and "socket file" not in report["error"]
