@@ -11,6 +11,8 @@ import os
 import socket
 import time
 
+from .sizes import human_pair
+
 log = logging.getLogger("engramd.notify")
 
 
@@ -51,7 +53,7 @@ class SystemdNotifier:
         if self._sock is None or now - self._last_status < self.status_interval or not total:
             return
         self._last_status = now
-        self.send(f"STATUS=loading: {done / 2**30:.2f} of {total / 2**30:.2f} GiB ({100 * done / total:.1f}%)")
+        self.send(f"STATUS=loading: {human_pair(done, total)} ({100 * done / total:.1f}%)")
 
     def close(self) -> None:
         if self._sock is not None:
