@@ -1,8 +1,10 @@
-"""The engramd command line: serve, status, stop, inspect, synth, demo.
+"""The engramd command line: the group, and stop, reload, inspect, synth, keys, demo, bench.
 
-A stable contract for operators and scripts: ``status`` exits 0 iff the table is
+``serve`` (serve_cli.py) and ``status`` (status_cli.py) have files of their own.  A
+stable contract for operators and scripts: ``status`` exits 0 iff the table is
 ready, 1 if the daemon answers but is not ready, 3 if no daemon answers; every
-other command exits non-zero with one ``error:`` line naming what is wrong.
+other command exits non-zero with one ``error:`` line naming what is wrong, made
+in one place (cli_errors.py) for every command.
 """
 from __future__ import annotations
 
@@ -10,24 +12,14 @@ import json
 import os
 import sys
 import time
-from typing import Any, NoReturn
 
 import click
 
-from engram_client.errors import DaemonUnavailableError, EngramError
+from engram_client.errors import DaemonUnavailableError
 
 from . import __version__, reach
 from .cli_errors import EXIT_UNREACHABLE, MappedGroup, describe_os_error, fail
 from .sizes import human_bytes
-from .status_text import render_status
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    fail(message, code)
-
-
-def _human_bytes(n: int) -> str:
-    return human_bytes(n)
 
 
 socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
@@ -42,11 +34,6 @@ def main() -> None:
     Shell completion: eval "$(_ENGRAMD_COMPLETE=bash_source engramd)" (zsh_source, fish_source)."""
 
 
-def _print_status(status: dict[str, Any]) -> None:
-    for line in render_status(status):
-        click.echo(line)
-
-
 @main.command()
 @socket_option
 @click.option("--timeout", default=10.0, show_default=True, type=float, help="Seconds to wait for the daemon to exit.")
@@ -55,7 +42,7 @@ def stop(endpoint: str | None, timeout: float) -> None:
     try:
         connection = reach.connect(endpoint)
     except reach.DaemonAbsentError as exc:
-        _fail(f"{exc}; nothing to stop", EXIT_UNREACHABLE)
+        fail(f"{exc}; nothing to stop", EXIT_UNREACHABLE)
     try:
         reach.ask(connection, "stop", timeout=5.0)
         started = time.monotonic()
@@ -69,7 +56,7 @@ def stop(endpoint: str | None, timeout: float) -> None:
                 click.echo("engramd stopped")
                 return
             time.sleep(0.1)
-        _fail(f"engramd at {connection.endpoint} still answers {time.monotonic() - started:.1f} s after stop")
+        fail(f"engramd at {connection.endpoint} still answers {time.monotonic() - started:.1f} s after stop")
     finally:
         connection.close()
 
@@ -97,10 +84,10 @@ def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
                 return
             if (pending and pending["generation"] == started["generation"] and pending["state"] == "failed") or \
                     (status["generation"] == started["generation"] and status["state"] == "failed"):
-                _fail(f"generation {started['generation']} failed: {(pending or status)['error']}")
+                fail(f"generation {started['generation']} failed: {(pending or status)['error']}")
             time.sleep(0.2)
         if wait_s:
-            _fail(f"generation {started['generation']} was not served within {time.monotonic() - begun:.1f} s "
+            fail(f"generation {started['generation']} was not served within {time.monotonic() - begun:.1f} s "
                   "(it goes on loading; see engramd status)")
     finally:
         connection.close()
@@ -115,10 +102,7 @@ def inspect(checkpoint: str, as_json: bool) -> None:
 
     from .checkpoint import read_checkpoint
 
-    try:
-        plan = read_checkpoint(checkpoint)
-    except EngramError as exc:
-        _fail(str(exc))
+    plan = read_checkpoint(checkpoint)  # a bad checkpoint's CheckpointError becomes its error line
     header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation=1)
     report = {"checkpoint": plan.directory, "fingerprint": plan.fingerprint, "table_bytes": header.total_bytes,
               "files": list(plan.files), "layers": [layout.to_dict() for layout in plan.layouts]}
@@ -126,7 +110,7 @@ def inspect(checkpoint: str, as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(f"checkpoint  {plan.directory}")
-    click.echo(f"table       {_human_bytes(header.total_bytes)} ({header.total_bytes} bytes)")
+    click.echo(f"table       {human_bytes(header.total_bytes)} ({header.total_bytes} bytes)")
     for layout in plan.layouts:
         click.echo(f"  layer {layout.layer:>3}: {layout.rows} rows x {layout.head_dim} "
                    f"(+{layout.scale_cols} scale bytes), {len(layout.head_sizes)} heads")
@@ -160,7 +144,7 @@ def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads
         removed, kept = prepare_outdir(outdir, force)
         config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
     except OSError as exc:
-        _fail(f"cannot write the checkpoint in {outdir}: {describe_os_error(exc)}")
+        fail(f"cannot write the checkpoint in {outdir}: {describe_os_error(exc)}")
     if removed:
         click.echo(f"removed the old checkpoint files {', '.join(removed)}" +
                    (f"; kept {', '.join(kept)}" if kept else ""))
@@ -188,7 +172,7 @@ def keys(directory: str) -> None:
     try:
         paths = create_keys(directory)
     except OSError as exc:
-        _fail(f"cannot create CURVE keys in {directory}: {describe_os_error(exc)}")
+        fail(f"cannot create CURVE keys in {directory}: {describe_os_error(exc)}")
     click.echo(f"server: {paths['server_secret']} (give the daemon --curve-keys-dir {directory})")
     click.echo(f"client: {paths['client_secret']} (authorized in {paths['authorized']}); "
                f"status --socket tcp://... --curve-keys-dir {directory}")
@@ -215,7 +199,7 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
     from .bench import main as run, print_table
 
     if not torch.cuda.is_available():
-        _fail("engramd bench needs a CUDA device")
+        fail("engramd bench needs a CUDA device")
     from engram_client.client import default_max_programs
 
     caps = [default_max_programs(torch.device("cuda", 0)) if c.strip() == "default" else (int(c) or None)

@@ -18,8 +18,8 @@ import click
 from engram_client.connection import DaemonConnection
 from engram_client.errors import EngramError
 
-from .cli import _print_status
 from .sizes import human_bytes
+from .status_text import render_status
 
 READY_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 300.0
@@ -88,7 +88,8 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
                        f"{report['rows_checked']} rows bit-exact vs reference: {report['mismatches']} mismatches, "
                        f"out-of-range ids refused: {report['out_of_range_refused']}  [{verdict}]")
         click.echo("--- engramd status with the ranks attached ---")
-        _print_status(connection.request("status", timeout=5.0))
+        for line in render_status(connection.request("status", timeout=5.0)):
+            click.echo(line)
         for proc in procs:
             proc.stdin.close()  # release the ranks; they detach as they exit
         codes = [proc.wait(timeout=RANK_TIMEOUT_S) for proc in procs]
