@@ -165,10 +165,17 @@ def demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int)
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False))
-def keys(directory: str) -> None:
+@click.option("--force", is_flag=True, help="Replace the keys DIRECTORY already holds.")
+def keys(directory: str, force: bool) -> None:
     """Create CURVE keys for --remote-status: a server keypair and one authorized client keypair."""
     from .remote_status import create_keys
 
+    existing = [name for name in ("server.key_secret", "client.key_secret")
+                if os.path.exists(os.path.join(directory, name))]
+    if existing and not force:
+        # New keys would lock out every daemon and monitor still using the old ones.
+        fail(f"{directory} already holds CURVE keys ({', '.join(existing)}); a daemon started with them and its "
+             "monitors keep using them. Pass --force to replace them")
     try:
         paths = create_keys(directory)
     except OSError as exc:

@@ -120,3 +120,14 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(demo_daemon):
     stderr = proc.stderr.read()
     assert proc.wait(timeout=PROCESS_TIMEOUT_S) == 141  # the shell's code for a process ended by SIGPIPE
     assert stderr == "", stderr
+
+
+def test_keys_never_replace_keys_in_use_without_force(tmp_path):
+    keys = tmp_path / "curve"
+    assert engramd("keys", str(keys)).returncode == 0
+    before = (keys / "server.key_secret").read_bytes()
+    line = one_error_line(engramd("keys", str(keys)))
+    assert "already holds CURVE keys" in line and "--force" in line
+    assert (keys / "server.key_secret").read_bytes() == before
+    assert engramd("keys", str(keys), "--force").returncode == 0
+    assert (keys / "server.key_secret").read_bytes() != before
