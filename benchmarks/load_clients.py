@@ -134,7 +134,9 @@ class OwnDaemon:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", self.endpoint,
                                           "--shm-dir", self.shm_dir, "--no-progress", "--log-level", "warning",
-                                          "--lease-seconds", str(lease_seconds)], stdout=log, stderr=subprocess.STDOUT)
+                                          "--lease-seconds", str(lease_seconds),
+                                          *([] if os.path.isdir("/dev/shm") else ["--allow-disk"])],
+                                         stdout=log, stderr=subprocess.STDOUT)
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:

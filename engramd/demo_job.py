@@ -60,7 +60,8 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
     endpoint = f"ipc://{socket_dir}/engramd.sock"
     spawned = time.monotonic()
     daemon = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint,
-                               "--shm-dir", shm_dir, "--no-progress", "--log-level", "warning"])
+                               "--shm-dir", shm_dir, "--no-progress", "--log-level", "warning",
+                               *([] if os.path.isdir("/dev/shm") else ["--allow-disk"])])  # no tmpfs: a temp dir
     connection = DaemonConnection(endpoint)
     procs: list[subprocess.Popen] = []
     failed = True
