@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from benchmarks.common import summary, timed, write_json  # noqa: E402
-from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
 from engram_client.cuda_host import HostRegistration  # noqa: E402
 from engramd.checkpoint import read_checkpoint  # noqa: E402

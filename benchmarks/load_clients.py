@@ -36,7 +36,7 @@ import threading
 import time
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError, EngramError, UnknownClientError
+from engram_client.core.errors import DaemonUnavailableError, EngramError, UnknownClientError
 
 START_TIMEOUT_S = 120.0
 

@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import summary, write_json  # noqa: E402
 from engram_client.connection import DaemonConnection  # noqa: E402
-from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
-from engram_client.errors import EngramError  # noqa: E402
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
+from engram_client.core.errors import EngramError  # noqa: E402
 
 
 def start(endpoint: str, shm: str, vocab: int, threads: int) -> tuple[subprocess.Popen, float, dict]:

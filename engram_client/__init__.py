@@ -2,13 +2,13 @@
 
 The public API is what this module exports; tests pin it.  Names that need torch are
 imported on first use, so the daemon and light tools that only speak the protocol
-(``engram_client.protocol``, ``.connection``, ``.errors``) never pay for torch.
+(``engram_client.core``, ``engram_client.connection``) never pay for torch.
 """
-from .errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
+from .core.errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
                      EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotCapturableError,
                      NotReadyError,
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
-from .protocol import PROTOCOL_VERSION, default_endpoint
+from .core.protocol import PROTOCOL_VERSION, default_endpoint
 
 __version__ = "0.1.0"
 __all__ = [

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .connection import DaemonConnection
-from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
+from .core.errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
                      NotAttachedError, NotReadyError, UnknownClientError)
 from .hot_rows import HotRowCache
 from .generation_map import MappedGeneration

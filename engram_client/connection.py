@@ -14,8 +14,8 @@ from typing import Any
 
 import zmq
 
-from . import protocol
-from .errors import REPLY_ERRORS, DaemonUnavailableError, ProtocolError, RequestError
+from .core import protocol
+from .core.errors import REPLY_ERRORS, DaemonUnavailableError, ProtocolError, RequestError
 
 
 class DaemonConnection:

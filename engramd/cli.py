@@ -14,7 +14,7 @@ import time
 import click
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError, EngramError
+from engram_client.core.errors import DaemonUnavailableError, EngramError
 
 from . import __version__
 
@@ -163,7 +163,7 @@ def reload(endpoint, checkpoint, wait_s) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def inspect(checkpoint, as_json) -> None:
     """Layout and table size of a checkpoint, from its headers alone."""
-    from engram_client.table_file import TableHeader
+    from engram_client.core.table_file import TableHeader
 
     from .checkpoint import read_checkpoint
 
@@ -221,7 +221,7 @@ def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) 
 @click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
 def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
     """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
-    from .demo_job import run_demo
+    from engram_client.tools.demo_job import run_demo
 
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
 
@@ -256,7 +256,7 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
     """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
     import torch
 
-    from .bench import main as run, print_table
+    from engram_client.tools.bench import main as run, print_table
 
     if not torch.cuda.is_available():
         _fail("engramd bench needs a CUDA device")

@@ -28,10 +28,10 @@ import time
 import uuid
 from typing import Any, Callable
 
-from engram_client.demo_rows import demo_config
-from engram_client.errors import EngramError, NotReadyError, ProtocolError, TableFileError, UnknownClientError
-from engram_client.layout import build_layout
-from engram_client.table_file import TableHeader, read_header
+from engram_client.core.demo_rows import demo_config
+from engram_client.core.errors import EngramError, NotReadyError, ProtocolError, TableFileError, UnknownClientError
+from engram_client.core.layout import build_layout
+from engram_client.core.table_file import TableHeader, read_header
 
 from . import __version__
 from .checkpoint import read_checkpoint

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
 
 from .settings import SETTINGS, config_option, describe
 

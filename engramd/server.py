@@ -20,8 +20,8 @@ import time
 
 import zmq
 
-from engram_client import protocol
-from engram_client.errors import EngramError, ProtocolError
+from engram_client.core import protocol
+from engram_client.core.errors import EngramError, ProtocolError
 
 from .config import ConfigError, ServeConfig
 from .daemon import Daemon

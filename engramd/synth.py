@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from engram_client.errors import LayoutError
-from engram_client.layout import EngramConfig, build_layout, head_sizes
+from engram_client.core.errors import LayoutError
+from engram_client.core.layout import EngramConfig, build_layout, head_sizes
 
 GENERATE_ROWS = 1 << 20  # rows generated per step, to bound temporary memory
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
 
 
 def pytest_collection_modifyitems(config, items):

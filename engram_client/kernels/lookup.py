@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import EngramError
+from ..core.errors import EngramError
 
 OUT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 ID_DTYPES = (torch.int32, torch.int64)

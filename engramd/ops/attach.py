@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from engram_client.errors import ProtocolError
+from engram_client.core.errors import ProtocolError
 
 from .args import arg
 

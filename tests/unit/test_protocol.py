@@ -1,4 +1,4 @@
-"""engram_client.protocol and the daemon's operation handlers, without sockets.
+"""engram_client.core.protocol and the daemon's operation handlers, without sockets.
 
 The handlers are called the circus way, ``OPERATIONS[op].execute(daemon, args)``, on a
 real Daemon whose shm dir is a temp dir; nothing is bound, nothing is sent.
@@ -12,8 +12,8 @@ import time
 import msgpack
 import pytest
 
-from engram_client import protocol
-from engram_client.errors import NotReadyError, ProtocolError, UnknownClientError
+from engram_client.core import protocol
+from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
 from engramd.config import ServeConfig
 from engramd.daemon import STOPPING, Daemon
 from engramd.generation import LOADING, READY

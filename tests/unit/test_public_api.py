@@ -5,7 +5,7 @@ import importlib.metadata
 import inspect
 
 import engram_client
-from engram_client import errors
+from engram_client.core import errors
 
 EXPECTED_ALL = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
@@ -46,7 +46,7 @@ def test_every_error_derives_from_engram_error_and_is_exported():
     assert len(classes) == 15, sorted(classes)
     for name, cls in classes.items():
         assert issubclass(cls, errors.EngramError), name
-        assert name in engram_client.__all__, f"{name} is in engram_client.errors but not exported"
+        assert name in engram_client.__all__, f"{name} is in engram_client.core.errors but not exported"
         assert getattr(engram_client, name) is cls
     codes = [cls.code for cls in classes.values()]
     assert len(codes) == len(set(codes)), f"two error classes share a code: {sorted(codes)}"

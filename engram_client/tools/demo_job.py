@@ -16,9 +16,9 @@ import time
 import click
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
 
-from .cli import _print_status
+from engramd.cli import _print_status
 
 READY_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 300.0
@@ -68,7 +68,7 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
                    f"layers {[layer['layer'] for layer in status['layers']]}")
         for rank, device in enumerate(devices):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "engramd.demo_rank", "--socket", endpoint, "--rank", str(rank),
+                [sys.executable, "-m", "engram_client.tools.demo_rank", "--socket", endpoint, "--rank", str(rank),
                  "--device", device, "--lookups", str(lookups), "--ids", str(ids_per_lookup)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         reports = []

@@ -26,7 +26,7 @@ import torch
 
 from engram_client import EngramClient
 from engram_client.hot_rows import HotRowCache
-from engram_client.demo_rows import demo_vocab_for_table_bytes
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes
 from engram_client.dequant import scale_factors
 
 SIZES = (6144, 49152, 393216)
