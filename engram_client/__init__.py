@@ -6,16 +6,17 @@ imported on first use, so the daemon and light tools that only speak the protoco
 """
 from .core.errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
                      EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotCapturableError,
-                     NotReadyError,
+                     NotReadyError, ConfigError,
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
-from .core.protocol import PROTOCOL_VERSION, default_endpoint
+from .core.endpoints import default_endpoint
+from .core.protocol import PROTOCOL_VERSION
 
 __version__ = "0.1.0"
 __all__ = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
-    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError",
+    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
 ]
 _LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
 

@@ -20,10 +20,10 @@ import time
 
 import zmq
 
-from engram_client.core import protocol
-from engram_client.core.errors import EngramError, ProtocolError
+from engram_client.core import endpoints, protocol
+from engram_client.core.errors import ConfigError, EngramError, ProtocolError
 
-from .config import ConfigError, ServeConfig
+from .config import ServeConfig
 from .daemon import Daemon
 from .generation import LOADING
 from .ops import OPERATIONS
@@ -43,7 +43,7 @@ class EndpointLock:
     def __init__(self, endpoint: str):
         self.path = None
         self.fd = -1
-        socket_path = protocol.ipc_path(endpoint)
+        socket_path = endpoints.ipc_path(endpoint)
         if socket_path is None:
             return
         directory = os.path.dirname(socket_path) or "."
@@ -110,7 +110,7 @@ class Server:
         if kind == zmq.ROUTER:
             # Set before bind: the listener hands its options to each connection it accepts.
             sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
-        path = protocol.ipc_path(endpoint)
+        path = endpoints.ipc_path(endpoint)
         old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
             sock.bind(endpoint)
@@ -231,7 +231,7 @@ class Server:
             if sock is None:
                 continue
             sock.close(linger=0)
-            path = protocol.ipc_path(endpoint)
+            path = endpoints.ipc_path(endpoint)
             if path is not None:
                 try:
                     os.unlink(path)
