@@ -18,21 +18,20 @@ import logging
 import os
 import socket
 import threading
-import time
 import weakref
 from typing import Any
 
 import torch
 
 from .connection import DaemonConnection
-from .core.errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
-                     NotAttachedError, NotReadyError, UnknownClientError)
+from .core.errors import CudaRegistrationError, EngramError, NotAttachedError, UnknownClientError
+from .core.protocol import READY
 from .hot_rows import HotRowCache
 from .generation_map import MappedGeneration
+from .readiness import wait_ready
 from .table import EngramTable
 
 log = logging.getLogger("engram_client")
-STATUS_POLL_S = 0.1
 
 
 def default_max_programs(device: torch.device) -> int:
@@ -135,28 +134,6 @@ def _same_file(path: str, mapped: MappedGeneration) -> bool:
         return False
 
 
-def _wait_until_ready(connection: DaemonConnection, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            last = connection.request("status", timeout=max(0.1, min(2.0, remaining)))
-        except DaemonUnavailableError:
-            last = last if isinstance(last, dict) else None
-        if last is not None:
-            if last.get("state") == "ready":
-                return last
-            if last.get("state") == "failed":
-                raise NotReadyError(f"engramd at {connection.endpoint} failed to load its table: {last.get('error')}")
-        if time.monotonic() >= deadline:
-            detail = "no answer" if last is None else f"state {last.get('state')}, loaded " \
-                f"{last['load']['done_bytes']}/{last['load']['total_bytes']} bytes"
-            raise EngramTimeoutError(f"waited {timeout:.1f} s for engramd at {connection.endpoint} "
-                                     f"to have a ready table ({detail})")
-        time.sleep(STATUS_POLL_S)
-
-
 class EngramClient:
     def __init__(self, endpoint: str | None = None, device: str | torch.device = "cuda:0", timeout: float = 60.0,
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
@@ -192,7 +169,7 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
-        _wait_until_ready(state.connection, timeout)
+        wait_ready(state.connection, timeout, min_request_timeout=0.1)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
                              "device": str(self.device)}
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
@@ -243,7 +220,7 @@ class EngramClient:
             if old is None:
                 raise NotAttachedError("client is closed")
             status = state.connection.request("status", timeout=5.0)
-            if status["state"] != "ready" or (status["generation"], status["fingerprint"], status["table_path"]) == \
+            if status["state"] != READY or (status["generation"], status["fingerprint"], status["table_path"]) == \
                     (old.generation, old.fingerprint, old.path) and _same_file(old.path, old):
                 state.refresh_pending = False
                 return False
