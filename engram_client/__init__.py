@@ -10,8 +10,8 @@ from .core.errors import (CheckpointError, CudaRegistrationError, DaemonUnavaila
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
 from .core.endpoints import default_endpoint
 from .core.protocol import PROTOCOL_VERSION
+from .core.version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",

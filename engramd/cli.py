@@ -29,6 +29,14 @@ def _fail(message: str, code: int = 1):
     sys.exit(code)
 
 
+def _require_client_extra(command: str) -> None:
+    """The rank-side commands need torch, which a daemon-only install does not carry."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        _fail(f"engramd {command} needs torch: install the client extra (pip install 'engramd[client]')")
+
+
 socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
                              help="Daemon endpoint [default: $ENGRAMD_SOCKET or a per-user ipc:// path].")
 
@@ -183,6 +191,7 @@ def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) 
 @click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
 def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
     """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
+    _require_client_extra("demo")
     from engram_client.tools.demo_job import run_demo
 
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
@@ -216,6 +225,7 @@ def keys(directory) -> None:
 def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, hot_cache_gib,
           json_path) -> None:
     """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
+    _require_client_extra("bench")
     import torch
 
     from engram_client.tools.bench import main as run, print_table

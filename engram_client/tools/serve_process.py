@@ -16,7 +16,7 @@ def serve_command(endpoint: str, shm_dir: str, *extra: str, log_level: str = "wa
 
 
 def launch_serve(endpoint: str, shm_dir: str, *extra: str, log_level: str = "warning",
-                 output: IO | None = None) -> subprocess.Popen:
+                 output: IO | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the daemon; its stdout and stderr go to ``output`` (default: inherited)."""
     return subprocess.Popen(serve_command(endpoint, shm_dir, *extra, log_level=log_level), stdout=output,
-                            stderr=subprocess.STDOUT if output is not None else None)
+                            stderr=subprocess.STDOUT if output is not None else None, env=env)
