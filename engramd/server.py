@@ -22,10 +22,10 @@ import zmq
 
 from engram_client.core import endpoints, protocol
 from engram_client.core.errors import ConfigError, EngramError, ProtocolError
+from engram_client.core.protocol import LOADING
 
 from .config import ServeConfig
 from .daemon import Daemon
-from .generation import LOADING
 from .ops import OPERATIONS
 from .progress import ProgressBar
 from .metrics import Metrics, NoMetrics
@@ -96,7 +96,7 @@ class Server:
         except BaseException:
             self._close_sockets()
             if hasattr(self, "daemon"):
-                self.daemon.shm.close()
+                self.daemon.close()
             self.lock.release()
             raise
         self.progress = ProgressBar(sys.stderr) if config.progress_bar else None
@@ -181,13 +181,13 @@ class Server:
                 return
             event = protocol.state_event(state, self.daemon.generation, self.daemon.boot_id)
             self.pub.send(protocol.pack(event))
-            self.notifier.state(state, self.daemon.generation, self.daemon.current.error)
+            self.notifier.state(state, self.daemon.generation, self.daemon.error)
 
     # -- main loop ---------------------------------------------------------------------
     def serve_forever(self) -> int:
         def on_signal(signum, _frame):
             log.info("received %s; stopping", signal.Signals(signum).name)
-            self.daemon.stop_requested.set()
+            self.daemon.request_stop()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -198,7 +198,7 @@ class Server:
             poller.register(self.router, zmq.POLLIN)
             if self.remote is not None:
                 poller.register(self.remote.socket, zmq.POLLIN)
-            while not self.daemon.stop_requested.is_set():
+            while not self.daemon.stop_is_requested():
                 ready = dict(poller.poll(POLL_MS))
                 if self.router in ready:
                     self._drain(self.router)
@@ -207,10 +207,10 @@ class Server:
                 self.daemon.housekeeping()
                 self._publish_events()
                 if self.daemon.state == LOADING:
-                    load = self.daemon.current.progress.snapshot()
+                    load = self.daemon.load_progress()
                     self.notifier.progress(load["done_bytes"], load["total_bytes"])
                 if self.progress is not None:
-                    self.progress.update(self.daemon.state == LOADING, self.daemon.current.progress.snapshot())
+                    self.progress.update(self.daemon.state == LOADING, self.daemon.load_progress())
             self.daemon.shutdown()
             self._publish_events()
             time.sleep(0.05)  # let the last 'stopping' event leave the PUB socket

@@ -6,5 +6,5 @@ class Stop:
     name = "stop"
 
     def execute(self, daemon, args):
-        daemon.stop_requested.set()
+        daemon.request_stop()
         return {"stopping": True, "boot_id": daemon.boot_id}

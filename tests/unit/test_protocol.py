@@ -15,8 +15,8 @@ import pytest
 from engram_client.core import endpoints, protocol
 from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
 from engramd.config import ServeConfig
-from engramd.daemon import STOPPING, Daemon
-from engramd.generation import LOADING, READY
+from engram_client.core.protocol import LOADING, READY, STOPPING
+from engramd.daemon import Daemon
 from engramd.ops import OPERATIONS
 from engramd.progress import render
 
