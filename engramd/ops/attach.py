@@ -1,3 +1,4 @@
+"""The attach operation: a rank asks for a lease on the served table."""
 from __future__ import annotations
 
 from engram_client.core.errors import ProtocolError

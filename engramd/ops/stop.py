@@ -1,3 +1,4 @@
+"""The stop operation: the daemon stops once the reply is sent."""
 from __future__ import annotations
 
 
