@@ -27,7 +27,7 @@ from .connection import DaemonConnection
 from .core.errors import CudaRegistrationError, EngramError, NotAttachedError, UnknownClientError
 from .core.protocol import READY
 from .hot_rows import HotRowCache
-from .generation_map import MappedGeneration
+from .mapped_generation import MappedGeneration
 from .readiness import wait_ready
 from .table import EngramTable
 
