@@ -41,7 +41,7 @@ def default_max_programs(device: torch.device) -> int:
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
 
 
-class _Attachment:
+class _ClientState:
     """Everything a client holds, apart from the client object, so a finalizer can release it."""
 
     def __init__(self, connection: DaemonConnection):
@@ -150,7 +150,7 @@ class EngramClient:
                                        else torch.cuda.current_device())
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
-        self._state = _Attachment(DaemonConnection(endpoint))
+        self._state = _ClientState(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):

@@ -36,7 +36,7 @@ from engram_client.core.protocol import READY, STOPPING
 from . import __version__
 from .config import ServeConfig
 from .generation import Generation
-from .leases import LeaseTable
+from .leases import LeaseRegistry
 from .load_job import LoadJob
 from .metrics import NoMetrics
 from .status_report import build_status
@@ -51,7 +51,7 @@ class Daemon:
         self.metrics = metrics or NoMetrics()
         self.boot_id = uuid.uuid4().hex
         self.started_at = time.time()
-        self.leases = LeaseTable(config.lease_seconds)
+        self.leases = LeaseRegistry(config.lease_seconds)
         self.stop_requested = threading.Event()
         self.stopping = False
         self.current = Generation(0, config.checkpoint)  # replaced by start_load

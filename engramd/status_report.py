@@ -14,11 +14,11 @@ from engram_client.core.protocol import READY
 
 from .config import ServeConfig
 from .generation import Generation
-from .leases import LeaseTable
+from .leases import LeaseRegistry
 
 
 def build_status(state: str, current: Generation, pending: Generation | None, retiring: list[Generation],
-                 leases: LeaseTable, config: ServeConfig, boot_id: str, started_at: float, version: str,
+                 leases: LeaseRegistry, config: ServeConfig, boot_id: str, started_at: float, version: str,
                  shm_dir: str) -> dict[str, Any]:
     """The status operation's result, as docs/protocol.md describes it."""
     header = current.header
