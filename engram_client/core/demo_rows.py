@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import EngramConfig, packed_row_bytes
+from .layout import QUANT_BLOCK, EngramConfig, packed_row_bytes
 
 DEMO_VOCAB_SIZE = 2000
 
@@ -52,5 +52,5 @@ def demo_rows(seed: int, layer: int, rows: np.ndarray, head_dim: int) -> tuple[n
     weight = np.ascontiguousarray(raw[:, :head_dim])
     # 0x7F / 0xFF are E4M3 NaN; the demo keeps every value finite.
     weight[(weight & 0x7F) == 0x7F] ^= 0x01
-    scale = (120 + raw[:, head_dim:head_dim + head_dim // 32] % 12).astype(np.uint8)
+    scale = (120 + raw[:, head_dim:head_dim + head_dim // QUANT_BLOCK] % 12).astype(np.uint8)
     return weight, scale
