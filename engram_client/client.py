@@ -3,37 +3,34 @@
     with EngramClient(endpoint=None, device="cuda:0", timeout=60.0) as client:
         out = client.table(1).lookup(ids)
 
-Construction connects, waits (bounded) until the daemon's table is ready, attaches,
-maps the table read-only, and on CUDA registers it (whole layers, or only the rows
-given in ``row_ranges``) and verifies that the GPU reads the same bytes as the
-host.  A heartbeat thread keeps the lease, re-attaches after a daemon restart, and
-notices when the daemon serves a newer generation: ``refresh()`` moves to it at a
-point the caller chooses (or, with ``auto_refresh=True``, before the next lookup).  ``close()``, leaving the ``with``
-block, garbage collection and interpreter exit all detach, unregister and unmap;
-none of them can hang, since every request they make is bounded.
+Construction connects, waits (bounded) until the daemon's table is ready, attaches, maps the
+table read-only, and on CUDA registers it (whole layers, or only the rows given in ``row_ranges``)
+and verifies that the GPU reads the same bytes as the host.  A heartbeat thread keeps the lease,
+re-attaches after a daemon restart, and notices when the daemon serves a newer generation:
+``refresh()`` moves to it at a point the caller chooses (or, with ``auto_refresh=True``, before
+the next lookup).  ``close()``, leaving the ``with`` block, garbage collection and interpreter exit
+all detach, unregister and unmap; none of them can hang, since every request they make is bounded.
 """
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import socket
 import threading
-import time
 import weakref
 from typing import Any
 
 import torch
 
 from .connection import DaemonConnection
-from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
-                     NotAttachedError, NotReadyError, UnknownClientError, UnknownLayerError)
+from .core.errors import CudaRegistrationError, EngramError, NotAttachedError, UnknownClientError, UnknownLayerError
+from .core.protocol import READY
 from .hot_rows import HotRowCache
-from .generation_map import MappedGeneration
+from .mapped_generation import MappedGeneration
+from .readiness import wait_ready
 from .table import EngramTable
 
 log = logging.getLogger("engram_client")
-STATUS_POLL_S = 0.1
 
 
 def default_max_programs(device: torch.device) -> int:
@@ -43,7 +40,7 @@ def default_max_programs(device: torch.device) -> int:
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
 
 
-class _Attachment:
+class _ClientState:
     """Everything a client holds, apart from the client object, so a finalizer can release it."""
 
     def __init__(self, connection: DaemonConnection):
@@ -136,28 +133,6 @@ def _same_file(path: str, mapped: MappedGeneration) -> bool:
         return False
 
 
-def _wait_until_ready(connection: DaemonConnection, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            last = connection.request("status", timeout=max(0.1, min(2.0, remaining)))
-        except DaemonUnavailableError:
-            last = last if isinstance(last, dict) else None
-        if last is not None:
-            if last.get("state") == "ready":
-                return last
-            if last.get("state") == "failed":
-                raise NotReadyError(f"engramd at {connection.endpoint} failed to load its table: {last.get('error')}")
-        if time.monotonic() >= deadline:
-            detail = "no answer" if last is None else f"state {last.get('state')}, loaded " \
-                f"{last['load']['done_bytes']}/{last['load']['total_bytes']} bytes"
-            raise EngramTimeoutError(f"waited {timeout:.1f} s for engramd at {connection.endpoint} "
-                                     f"to have a ready table ({detail})")
-        time.sleep(STATUS_POLL_S)
-
-
 class EngramClient:
     def __init__(self, endpoint: str | None = None, device: str | torch.device = "cuda:0", timeout: float = 60.0,
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
@@ -174,7 +149,7 @@ class EngramClient:
                                        else torch.cuda.current_device())
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
-        self._state = _Attachment(DaemonConnection(endpoint))
+        self._state = _ClientState(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
@@ -193,7 +168,7 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
-        _wait_until_ready(state.connection, timeout)
+        wait_ready(state.connection, timeout, min_request_timeout=0.1)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
                              "device": str(self.device)}
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
@@ -244,7 +219,7 @@ class EngramClient:
             if old is None:
                 raise NotAttachedError("client is closed")
             status = state.connection.request("status", timeout=5.0)
-            if status["state"] != "ready" or (status["generation"], status["fingerprint"], status["table_path"]) == \
+            if status["state"] != READY or (status["generation"], status["fingerprint"], status["table_path"]) == \
                     (old.generation, old.fingerprint, old.path) and _same_file(old.path, old):
                 state.refresh_pending = False
                 return False
@@ -292,12 +267,12 @@ class EngramClient:
         tables = self._state.tables
         if not tables:
             raise NotAttachedError("client is closed")
-        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):  # "1" would only look absent
             raise UnknownLayerError(f"layer ids are ints, got {type(layer).__name__} {layer!r}: "
                                     f"use one of {self.layers}")
-        if operator.index(layer) not in tables:
+        if (table := tables.get(layer.__index__())) is None:
             raise UnknownLayerError(f"layer {layer} is not in this table (layers {self.layers})")
-        return tables[operator.index(layer)]
+        return table
 
     @property
     def client_id(self) -> str | None:

@@ -15,11 +15,20 @@ import time
 
 import click
 
-from engram_client.errors import DaemonUnavailableError
+from engram_client.core.errors import DaemonUnavailableError, EngramTimeoutError
+from engram_client.readiness import wait_ready
 
 from . import __version__, reach
 from .cli_errors import EXIT_UNREACHABLE, MappedGroup, describe_os_error, fail
 from .sizes import human_bytes
+
+
+def _require_client_extra(command: str) -> None:
+    """The rank-side commands need torch, which a daemon-only install does not carry."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail(f"engramd {command} needs torch: install the client extra (pip install 'engramd[client]')")
 
 
 socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
@@ -74,21 +83,16 @@ def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
         started = reach.ask(connection, "reload",
                             {"checkpoint": os.path.abspath(checkpoint) if checkpoint else None})
         click.echo(f"loading generation {started['generation']} from {started['checkpoint']}")
-        begun = time.monotonic()
-        while time.monotonic() - begun < wait_s:
-            status = reach.ask(connection, "status", timeout=5.0)
-            pending = status["reload"]
-            if status["generation"] == started["generation"] and status["state"] == "ready":
-                click.echo(f"generation {started['generation']} is served "
-                           f"(after {time.monotonic() - begun:.1f} s)")
-                return
-            if (pending and pending["generation"] == started["generation"] and pending["state"] == "failed") or \
-                    (status["generation"] == started["generation"] and status["state"] == "failed"):
-                fail(f"generation {started['generation']} failed: {(pending or status)['error']}")
-            time.sleep(0.2)
         if wait_s:
-            fail(f"generation {started['generation']} was not served within {time.monotonic() - begun:.1f} s "
-                  "(it goes on loading; see engramd status)")
+            begun = time.monotonic()
+            try:  # a failed generation raises NotReadyError, which names its error
+                wait_ready(connection, wait_s, generation=started["generation"])
+            except EngramTimeoutError as exc:
+                if exc.unavailable is not None:
+                    raise reach.unanswered(connection.endpoint, "status", time.monotonic() - begun) from exc
+                fail(f"generation {started['generation']} was not served within {time.monotonic() - begun:.1f} s "
+                     "(it goes on loading; see engramd status)")
+            click.echo(f"generation {started['generation']} is served (after {time.monotonic() - begun:.1f} s)")
     finally:
         connection.close()
 
@@ -98,7 +102,7 @@ def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def inspect(checkpoint: str, as_json: bool) -> None:
     """Layout and table size of a checkpoint, from its headers alone."""
-    from engram_client.table_file import TableHeader
+    from engram_client.core.table_file import TableHeader
 
     from .checkpoint import read_checkpoint
 
@@ -158,7 +162,8 @@ def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads
 @click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
 def demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int) -> None:
     """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
-    from .demo_job import run_demo
+    _require_client_extra("demo")
+    from engram_client.tools.demo_job import run_demo
 
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
 
@@ -201,9 +206,10 @@ def keys(directory: str, force: bool) -> None:
 def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: str, load_threads: int,
           overlap_steps: int, max_programs: str, hot_cache_gib: float, json_path: str | None) -> None:
     """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
+    _require_client_extra("bench")
     import torch
 
-    from .bench import main as run, print_table
+    from engram_client.tools.bench import main as run, print_table
 
     if not torch.cuda.is_available():
         fail("engramd bench needs a CUDA device")

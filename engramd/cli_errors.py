@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import click
 
-from engram_client.errors import DaemonUnavailableError, EngramError
+from engram_client.core.errors import DaemonUnavailableError, EngramError
 
 EXIT_FAILED, EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 1, 3
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE

@@ -7,7 +7,7 @@ The bar ends cleanly: it is drawn at its final value and ends its line before an
 log record is written (a filter on the log handlers sees each record first) and
 when the load ends.  Log lines come every ``LOG_INTERVAL_S`` seconds, so systemd,
 Kubernetes and log files see a long load move.  The server thread calls
-``watch(daemon)`` on every poll; the load thread only ever writes log records.
+``watch(daemon.loading_generation())`` on every poll; the load thread only ever writes log records.
 """
 from __future__ import annotations
 
@@ -28,14 +28,6 @@ def render(done: int, total: int, width: int = 30) -> str:
     return f"loading [{'#' * filled}{'.' * (width - filled)}] {fraction * 100:5.1f}% {human_pair(done, total)}"
 
 
-def loading_generation(daemon: Any) -> Any:
-    """The generation whose load is running (the first load, or a reload beside the served one), or None."""
-    for generation in (daemon.pending, daemon.current):
-        if generation is not None and generation.state == "loading" and generation.progress.total_bytes:
-            return generation
-    return None
-
-
 class ProgressBar:
     """One line on a terminal, redrawn in place while a load runs."""
 
@@ -52,8 +44,8 @@ class ProgressBar:
         for handler in logging.getLogger().handlers:
             handler.addFilter(self._filter)
 
-    def watch(self, daemon: Any) -> None:
-        generation = loading_generation(daemon)
+    def watch(self, generation: Any) -> None:
+        """Show ``generation``'s load (None: no load runs)."""
         if generation is None:
             self.end_line()
             self._snapshot = None
@@ -108,23 +100,23 @@ class ProgressLog:
         self.interval = interval
         self._watched: Any = None
         self._started = self._last = 0.0
-        self._start_bytes = 0
 
-    def watch(self, daemon: Any) -> None:
-        generation = loading_generation(daemon)
+    def watch(self, generation: Any) -> None:
+        """Show ``generation``'s load (None: no load runs)."""
         now = time.monotonic()
         if generation is not self._watched:
             self._watched = generation
-            if generation is not None:
-                self._started = self._last = now
-                self._start_bytes = generation.progress.snapshot()["done_bytes"]
+            # The server sees a load within one poll of its start, so every byte done counts: a
+            # throttled load copies a whole chunk at once and then pauses, and a rate measured
+            # from the first sighting would read 0 until the next chunk.
+            self._started = self._last = now
             return
         if generation is None or now - self._last < self.interval:
             return
         self._last = now
         load = generation.progress.snapshot()
         done, total = load["done_bytes"], load["total_bytes"]
-        rate = (done - self._start_bytes) / max(now - self._started, 1e-9)
+        rate = done / max(now - self._started, 1e-9)
         left = f"about {(total - done) / rate:.0f} s left" if rate > 0 else "no bytes copied yet"
         log.info("generation %d: %s loaded (%.0f%%), %.1f MB/s, %s", generation.number, human_pair(done, total),
                  100 * done / total, rate / 1e6, left)

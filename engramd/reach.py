@@ -21,8 +21,8 @@ import time
 from typing import Any
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError
-from engram_client.protocol import ipc_path
+from engram_client.core.errors import DaemonUnavailableError
+from engram_client.core.endpoints import ipc_path
 
 PROBE_TIMEOUT_S = 1.0
 

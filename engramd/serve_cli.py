@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
 
-from .settings import SETTINGS, config_option, describe
+from .settings import SETTINGS, config_option, describe, serve_config
 
 if TYPE_CHECKING:
     from .config import ServeConfig
@@ -21,23 +21,6 @@ def _with_settings(fn: Callable[..., None]) -> Callable[..., None]:
     for setting in reversed(SETTINGS):
         fn = setting.option()(fn)
     return fn
-
-
-def _build_config(values: dict[str, Any]) -> "ServeConfig":
-    from .config import ServeConfig
-
-    optional = {} if values["demo_vocab_size"] is None else {"demo_vocab_size": values["demo_vocab_size"]}
-    rate = values["max_load_rate"]
-    return ServeConfig(
-        checkpoint=values["checkpoint"], endpoint=values["socket"] or "",
-        events_endpoint=values["events_socket"] or "", shm_dir=values["shm_dir"],
-        load_threads=values["load_threads"], lease_seconds=values["lease_seconds"],
-        max_load_rate=None if rate is None else rate * 1e6, reload_roots=list(values["reload_root"]),
-        retire_grace_seconds=values["retire_grace_seconds"], group=values["group"],
-        remote_status=values["remote_status"], curve_keys_dir=values["curve_keys_dir"],
-        metrics_port=values["metrics_port"], metrics_address=values["metrics_address"],
-        numa_node=values["numa_node"], demo_seed=values["demo_seed"],
-        progress_bar=sys.stderr.isatty() if values["progress"] is None else values["progress"], **optional)
 
 
 def _resolved(values: dict[str, Any], config: "ServeConfig") -> dict[str, Any]:
@@ -52,7 +35,7 @@ def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
     from .shm_check import check_shm_dir
 
     try:
-        config = _build_config(values)
+        config = serve_config(values)
         check_shm_dir(config.shm_dir, values["allow_disk"])
     except EngramError as exc:
         click.echo(describe(ctx, values))
@@ -80,7 +63,7 @@ def serve(ctx: click.Context, config_file: str | None, print_config: bool, **val
         return
     setup_logging(values["log_level"], values["log_format"])
     try:
-        config = _build_config(values)
+        config = serve_config(values)
         shm = check_shm_dir(config.shm_dir, values["allow_disk"])
         server = Server(config)
     except EngramError as exc:

@@ -17,7 +17,7 @@ import ctypes.util
 import os
 from dataclasses import dataclass
 
-from .config import ConfigError
+from engram_client.core.errors import ConfigError
 
 TMPFS_MAGIC = 0x01021994
 HUGETLBFS_MAGIC = 0x958458F6

@@ -16,15 +16,15 @@ from typing import Any, TextIO
 import click
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError, EngramError
-from engram_client.protocol import default_endpoint
+from engram_client.core.endpoints import default_endpoint
+from engram_client.core.errors import DaemonUnavailableError, EngramError, EngramTimeoutError, NotReadyError
+from engram_client.core.protocol import LOADING, READY
+from engram_client.readiness import wait_ready
 
 from . import reach
 from .cli_errors import EXIT_NOT_READY, EXIT_UNREACHABLE, fail
 from .progress import render
-from .status_text import render_status
-
-POLL_S = 0.2
+from .status_text import print_status
 
 
 class WaitDisplay:
@@ -50,49 +50,44 @@ def _waiting_text(reply: dict[str, Any] | None, problem: Exception | None, waite
     if reply is None:
         return f"waiting {waited:.0f} s: {problem}"
     pending = reply.get("reload")
-    if reply["state"] == "loading":
+    if reply["state"] == LOADING:
         return f"generation {reply['generation']}: " + render(reply["load"]["done_bytes"], reply["load"]["total_bytes"])
-    if pending and pending.get("state") == "loading":
+    if pending and pending.get("state") == LOADING:
         return f"reload to generation {pending['generation']}: " + render(pending["load"]["done_bytes"],
                                                                          pending["load"]["total_bytes"])
     return f"waiting {waited:.0f} s: state {reply['state']}"
 
 
 def poll_status(endpoint: str, curve_keys_dir: str | None, wait_s: float, display: WaitDisplay) -> dict[str, Any]:
-    """The daemon's status once it is ready or failed, or when ``wait_s`` is over."""
+    """The daemon's status once it is ready or failed, or when ``wait_s`` is over (then the last
+    reply, if the last poll had one).  Without ``--wait`` a missing or stale socket file is
+    reported at once; with it, the daemon may still be starting, so it is asked until the end."""
     started = time.monotonic()
-    deadline = started + wait_s
-    connection: DaemonConnection | None = None
+    if wait_s:  # refused at once only where no poll could help (permission denied)
+        connection = DaemonConnection(endpoint, curve_keys_dir=curve_keys_dir)
+    else:
+        connection = reach.connect(endpoint, curve_keys_dir=curve_keys_dir)
+
+    def show(reply: dict[str, Any] | None, problem: DaemonUnavailableError | None) -> None:
+        display.show(_waiting_text(reply, problem, time.monotonic() - started))
+
     try:
-        while True:
-            reply, problem, asked = None, None, False
-            try:
-                if connection is None:
-                    connection = reach.connect(endpoint, curve_keys_dir=curve_keys_dir)
-                timeout = max(0.5, min(2.0, deadline - time.monotonic()))
-                asked = True
-                reply = connection.request("status", timeout=timeout)
-            except DaemonUnavailableError as exc:
-                problem = exc
-                if connection is not None:
-                    connection.close()
-                    connection = None
-            waited = time.monotonic() - started
-            if reply is not None and (reply["state"] in ("ready", "failed") or waited >= wait_s):
-                return reply
-            if reply is None and waited >= wait_s:
-                if isinstance(problem, reach.DaemonAbsentError):
-                    raise reach.DaemonAbsentError(endpoint, problem.reason + (f" (waited {waited:.1f} s)"
-                                                                              if wait_s else ""))
-                if not asked:  # refused before asking (permission denied): that message says it all
-                    raise problem
-                raise reach.unanswered(endpoint, "status", waited) from problem
-            display.show(_waiting_text(reply, problem, waited))
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        return wait_ready(connection, wait_s, on_poll=show)
+    except NotReadyError as exc:  # the load failed: its status says so
+        if getattr(exc, "status", None) is None:
+            raise
+        return exc.status
+    except EngramTimeoutError as exc:
+        if exc.status is not None and exc.unavailable is None:
+            return exc.status  # answered, but not ready yet
+        waited = time.monotonic() - started
+        reason = reach.absent_reason(connection.endpoint)
+        if reason is not None:
+            raise reach.DaemonAbsentError(connection.endpoint, f"{reason} (waited {waited:.1f} s)") from exc
+        raise reach.unanswered(connection.endpoint, "status", waited) from exc
     finally:
         display.end()
-        if connection is not None:
-            connection.close()
+        connection.close()
 
 
 @click.command()
@@ -118,6 +113,5 @@ def status(endpoint: str | None, as_json: bool, curve_keys_dir: str | None, wait
     if as_json:
         click.echo(json.dumps(reply, indent=2, sort_keys=True))
     else:
-        for line in render_status(reply):
-            click.echo(line)
-    sys.exit(0 if reply["state"] == "ready" else EXIT_NOT_READY)
+        print_status(reply)
+    sys.exit(0 if reply["state"] == READY else EXIT_NOT_READY)

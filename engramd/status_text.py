@@ -1,6 +1,6 @@
-"""``engramd status`` for people: every field of the status object, in words.
+"""The daemon's status reply for people (``engramd status``, ``engramd demo``): every field, in words.
 
-The JSON (``status --json``) is the contract for scripts; this text must show the
+The one renderer of human status.  The JSON (``status --json``) is the contract for scripts; this text must show the
 same facts.  ``SHOWN_FIELDS`` lists the top-level fields rendered here, and a test
 holds it equal to the fields the daemon sends, so a new field cannot stay hidden.
 """
@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+import click
+
+from engram_client.core.protocol import LOADING, READY
 
 from .progress import render
 from .sizes import human_bytes
@@ -35,7 +39,7 @@ def _generation_line(entry: dict[str, Any], served: int) -> str:
     if entry.get("retiring"):
         role = "retiring"
     elif entry["generation"] == served:
-        role = "served" if entry["state"] == "ready" else entry["state"]
+        role = "served" if entry["state"] == READY else entry["state"]
     else:
         role = f"reload, {entry['state']}"
     role += ", re-adopted" if entry.get("adopted") else ""
@@ -73,12 +77,12 @@ def render_status(status: dict[str, Any]) -> list[str]:
     for layer in status["layers"]:
         lines.append(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
                      f"{len(layer['head_sizes'])} heads")
-    if status["state"] == "loading":
+    if status["state"] == LOADING:
         lines.append("load        " + _load_line(status["load"]))
     reload = status.get("reload")
     if reload:
         line = f"reload      generation {reload['generation']} from {reload['checkpoint']}: {reload['state']}"
-        if reload["state"] == "loading":
+        if reload["state"] == LOADING:
             line += "  " + _load_line(reload["load"])
         lines.append(line + (f"  ({reload['error']})" if reload.get("error") else ""))
     else:
@@ -93,3 +97,9 @@ def render_status(status: dict[str, Any]) -> list[str]:
     lines.extend(_client_line(client, served) for client in clients)
     lines.append(f"events      {status.get('events_endpoint')}")
     return lines
+
+
+def print_status(status: dict[str, Any]) -> None:
+    """Echo the status reply as ``render_status`` words it."""
+    for line in render_status(status):
+        click.echo(line)

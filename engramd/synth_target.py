@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
 
 CHECKPOINT_FILE = re.compile(r"^(config\.json|model\.safetensors(\.index\.json)?|model-\d{5}-of-\d{5}\.safetensors)$")
 LISTED = 5

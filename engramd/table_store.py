@@ -24,8 +24,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from engram_client.errors import ShmSpaceError, TableFileError
-from engram_client.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
+from engram_client.core.errors import ShmSpaceError, TableFileError
+from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
 from .lock_owner import holder
 from .sizes import human_bytes

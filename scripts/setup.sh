@@ -14,5 +14,5 @@ echo "setup: first run: creating $(pwd)/.venv and installing engramd with torch 
 echo "setup: this takes about a minute (longer if torch is downloaded), and happens once." >&2
 python3 -m venv .venv
 echo "setup: installing packages into .venv ..." >&2
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[client,synth,test]"
 echo "setup: .venv ready after $((SECONDS - started)) s" >&2

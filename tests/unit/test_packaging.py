@@ -11,10 +11,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Modules whose every public function and method must be fully annotated (the client library's
-# error tree and connection, and the command line's own modules).
+# error tree, connection and readiness wait, and the command line's own modules).
 ANNOTATED_MODULES = [
-    "engram_client.errors", "engram_client.connection", "engramd.cli", "engramd.cli_errors", "engramd.reach",
-    "engramd.status_cli", "engramd.status_text", "engramd.serve_cli", "engramd.sizes", "engramd.shm_check",
+    "engram_client.core.errors", "engram_client.connection", "engram_client.readiness", "engramd.cli",
+    "engramd.cli_errors", "engramd.reach", "engramd.status_cli", "engramd.status_text", "engramd.serve_cli", "engramd.sizes", "engramd.shm_check",
     "engramd.synth_target", "engramd.lock_owner", "engramd.progress",
 ]
 
