@@ -8,6 +8,7 @@ from .errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableEr
                      EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotCapturableError,
                      NotReadyError,
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
+from .errors import HasherUnavailableError, TokenIdsError
 from .protocol import PROTOCOL_VERSION, default_endpoint
 
 __version__ = "0.1.0"
@@ -16,6 +17,7 @@ __all__ = [
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
     "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError",
+    "TokenIdsError", "HasherUnavailableError",
 ]
 _LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
 

@@ -30,6 +30,8 @@ from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError,
 from .hot_rows import HotRowCache
 from .generation_map import MappedGeneration
 from .table import EngramTable
+from .token_rows import hasher_for, prefetch_tokens
+from .hashing.hasher import UnavailableHasher
 
 log = logging.getLogger("engram_client")
 STATUS_POLL_S = 0.1
@@ -56,6 +58,7 @@ class _Attachment:
         self.lease_lost = False
         self.refresh_pending = False  # the daemon serves another generation than the one mapped
         self.attach_args: dict[str, Any] = {}
+        self.hasher: Any = UnavailableHasher("the client is not attached")
         self.lock = threading.RLock()  # refresh vs heartbeat re-attach
 
     @property
@@ -122,6 +125,7 @@ class _Attachment:
                 self.tables.clear()
                 self.mapped.release()
                 self.mapped = None
+            self.hasher = UnavailableHasher("the client is closed")
             self.connection.close()
 
 
@@ -205,6 +209,7 @@ class EngramClient:
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         for layer, lv in state.mapped.layers.items():
             state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
+        state.hasher = hasher_for(state.mapped)
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)
             state.heartbeat_thread = threading.Thread(target=state.heartbeat_loop, args=(interval,),
@@ -250,6 +255,11 @@ class EngramClient:
             reply = state.connection.request("attach", state.attach_args, timeout=10.0)
             try:
                 new = MappedGeneration.open(reply, self.device, self._row_ranges)
+                try:
+                    new_hasher = hasher_for(new)
+                except BaseException:
+                    new.release()
+                    raise
             except BaseException:
                 self._state.detach_quietly(reply["client_id"])
                 raise
@@ -264,6 +274,7 @@ class EngramClient:
                 else:
                     state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
+            state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id)
             old.release()
             log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
@@ -293,6 +304,17 @@ class EngramClient:
         if layer not in tables:
             raise KeyError(f"layer {layer} is not in this table (layers {self.layers})")
         return tables[layer]
+
+    @property
+    def hasher(self):
+        """Token ids -> row ids for this table (engram_client.hashing); where the table has no token
+        map, an object whose every use raises HasherUnavailableError saying why."""
+        return self._state.hasher
+
+    def prefetch_tokens(self, token_ids: torch.Tensor, seq_starts=None, history: torch.Tensor | None = None):
+        """Hash ``token_ids`` (packed sequences starting at ``seq_starts``) and start every layer's
+        lookup; returns {layer: handle}, each handle's output [tokens, heads, head_dim]."""
+        return prefetch_tokens(self._state.hasher, self._state.tables, token_ids, seq_starts, history)
 
     @property
     def client_id(self) -> str | None:

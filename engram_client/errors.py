@@ -14,7 +14,9 @@
     ├── NotAttachedError             the client is closed or was never attached
     ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
     ├── NotCapturableError           a lookup started while a CUDA graph is being captured
-    └── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    ├── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    ├── TokenIdsError                token ids the hasher cannot hash (dtype, shape, range)
+    └── HasherUnavailableError       the served table has no token map to hash with
 
 Each side maps lower-layer exceptions to these in one place and chains them with
 ``raise ... from exc``.  Error replies carry ``name`` so the client can raise the
@@ -91,6 +93,14 @@ class NotCapturableError(EngramError):
 
 class IdsOutOfRangeError(EngramError, IndexError):
     code = "ids_out_of_range"
+
+
+class TokenIdsError(EngramError, ValueError):
+    code = "bad_token_ids"
+
+
+class HasherUnavailableError(EngramError):
+    code = "hasher_unavailable"
 
 
 # Error replies name the class; the client turns the name back into the class.

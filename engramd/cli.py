@@ -201,12 +201,15 @@ def _int_list(_ctx, _param, value: str) -> list[int]:
 @click.option("--head-dim", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--shards", default=1, show_default=True, type=int)
-def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) -> None:
+@click.option("--tokenizer-vocab", default=0, show_default=True, type=int,
+              help="Also write a synthetic tokenizer.json of this many ids (0: none), for hashing tokens.")
+def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards, tokenizer_vocab) -> None:
     """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout."""
     from .synth import write_checkpoint
 
     try:
-        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
+        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards,
+                                  tokenizer_vocab=tokenizer_vocab)
     except EngramError as exc:
         _fail(str(exc))
     except OSError as exc:

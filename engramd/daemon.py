@@ -41,6 +41,7 @@ from .leases import LeaseTable
 from .loader import CheckpointSource, DemoSource, fill_table
 from .metrics import NoMetrics
 from .numa import bind_this_thread
+from .token_map import demo_hashing, describe_hashing, hashing_for_checkpoint
 from .table_store import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
@@ -103,11 +104,13 @@ class Daemon:
     def _plan(self, generation: Generation):
         if generation.checkpoint:
             plan = read_checkpoint(generation.checkpoint)
-            header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation.number)
+            header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation.number,
+                                      hashing_for_checkpoint(plan.directory, plan.config))
             return header, lambda: CheckpointSource(plan), list(plan.files)
         vocab, seed = self.config.demo_vocab_size, self.config.demo_seed
-        header = TableHeader.plan(build_layout(demo_config(vocab)), f"demo-v{vocab}-s{seed}", "<demo>",
-                                  generation.number)
+        config = demo_config(vocab)
+        header = TableHeader.plan(build_layout(config), f"demo-v{vocab}-s{seed}", "<demo>",
+                                  generation.number, demo_hashing(config))
         return header, lambda: DemoSource(seed), []
 
     def _adopt(self, generation: Generation, wanted: TableHeader) -> bool:
@@ -120,7 +123,7 @@ class Daemon:
                 log.warning("not re-adopting %s: %s", path, exc)
                 found = None
             same = found is not None and found.fingerprint == wanted.fingerprint and \
-                [e.layout for e in found.layers] == [e.layout for e in wanted.layers]
+                [e.layout for e in found.layers] == [e.layout for e in wanted.layers] and found.hashing == wanted.hashing
             if adopted is None and same:
                 adopted = (number, path, found)
             else:
@@ -269,6 +272,7 @@ class Daemon:
             "adopted": current.adopted, "numa_node": self.config.numa_node,
             "shm_dir": self.shm.directory, "files": list(current.files),
             "layers": [entry.layout.to_dict() for entry in header.layers] if header else [],
+            "hashing": describe_hashing(header.hashing if header else None),
             "load": current.progress.snapshot(),
             "reload": pending.describe(held.get(pending.number, 0)) if pending else None,
             "generations": [g.describe(held.get(g.number, 0)) for g in (current, *retiring)],

@@ -4,9 +4,9 @@
 # environment that already has CUDA torch, Triton and cuda-bindings (pip install -e '.[gpu,test]').
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if .venv/bin/python -c "import engramd, engram_client, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
+if .venv/bin/python -c "import engramd, engram_client, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   exit 0
 fi
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "engramd needs Python 3.11 or newer")'
 python3 -m venv .venv
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"  # also builds the C extensions in place
