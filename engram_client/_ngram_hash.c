@@ -49,8 +49,9 @@ static inline int64_t token_at(const void *data, int wide, Py_ssize_t i) {
 static inline uint64_t mod_barrett(uint64_t n, uint64_t d, uint64_t m) {
     uint64_t q = (uint64_t)(((unsigned __int128)n * m) >> 64);
     uint64_t r = n - q * d;
-    while (r >= d) r -= d;
-    return r;
+    /* q is floor(n/d) or one less (n < 2^63), so one correction; branch-free, since which of
+     * the two it is does not follow any pattern a predictor could learn. */
+    return r >= d ? r - d : r;
 }
 
 static Py_ssize_t hash_all(const void *tokens, int wide, Py_ssize_t T, const int64_t *starts, Py_ssize_t S,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import HasherUnavailableError, TokenIdsError
-from ..layout import LayerLayout
+from ..layout import EngramConfig, LayerLayout
 from .cpu import hash_rows_cpu
 from .section import HashingSection
 
@@ -142,6 +142,15 @@ class NgramHasher:
         launch_ngram_hash(tokens, starts_dev, history, token_map, self.pad_id, multipliers, primes, offsets,
                           self.max_ngram, self.heads_per_order, out)
         return out
+
+
+def hasher_for_config(config: EngramConfig, token_map: np.ndarray, compressed_vocab: int,
+                      pad_token_id: int) -> NgramHasher:
+    """A hasher for a config's geometry without a table (benchmarks, tests, offline tools)."""
+    from ..layout import build_layout
+
+    section = HashingSection.build(token_map, compressed_vocab, pad_token_id, config.max_ngram, config.layer_ids)
+    return NgramHasher(section, section.token_map, build_layout(config))
 
 
 class UnavailableHasher:
