@@ -50,6 +50,10 @@ def _print_status(status: dict) -> None:
     for layer in status["layers"]:
         click.echo(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
                    f"{len(layer['head_sizes'])} heads")
+    hashing = status.get("hashing")
+    if hashing:
+        click.echo(f"hashing     {hashing['vocab']} token ids -> {hashing['compressed_vocab']} compressed, "
+                   f"n-grams up to {hashing['max_ngram']}, pad token {hashing['pad_token_id']}")
     if status["state"] == "loading":
         click.echo("  " + render(status["load"]["done_bytes"], status["load"]["total_bytes"]))
     reload = status.get("reload")
