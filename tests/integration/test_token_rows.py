@@ -16,6 +16,7 @@ import torch
 from engram_client import EngramClient, HasherUnavailableError, TokenIdsError
 from engramd.synth import write_checkpoint
 from ngram_reference import compressed_vocabulary, head_primes, multipliers, packed_rows
+from waiting import wait_for
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -103,3 +104,21 @@ def test_the_demo_table_has_a_hasher(demo_daemon):
         for index, layer in enumerate(client.layers):
             assert torch.equal(handles[layer].wait().view(torch.int16),
                                client.table(layer).lookup(rows[:, index]).view(torch.int16))
+
+
+def test_refresh_moves_the_hasher_with_the_table(daemon_factory, tmp_path):
+    a, b = str(tmp_path / "ckpts" / "a"), str(tmp_path / "ckpts" / "b")
+    write_checkpoint(a, vocab_size=300, head_dim=64, tokenizer_vocab=400, seed=1)
+    write_checkpoint(b, vocab_size=300, head_dim=64, seed=2)  # no tokenizer
+    daemon = daemon_factory("--checkpoint", a)
+    daemon.wait_state("ready")
+    with EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30) as client:
+        old = client.hasher
+        rows = old.row_ids(torch.arange(20))
+        daemon.connection.request("reload", {"checkpoint": b})
+        wait_for(lambda: (s := daemon.status())["generation"] == 2 and s["state"] == "ready",
+                 "generation 2 to be served")
+        assert client.refresh()
+        with pytest.raises(HasherUnavailableError, match="has no token map"):
+            client.prefetch_tokens(torch.arange(20))
+        assert torch.equal(old.row_ids(torch.arange(20)), rows)  # a hasher held by the caller keeps working
