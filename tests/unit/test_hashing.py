@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engram_client.errors import HasherUnavailableError, TokenIdsError
 from engram_client.hashing import cpu
@@ -171,3 +173,24 @@ def test_rows_are_int64_where_a_layer_passes_int32():
     section = HashingSection.build(token_map, compressed, 2, 4, config.layer_ids)
     rows = NgramHasher(section, token_map, layouts).row_ids(torch.arange(5))
     assert rows.dtype == torch.int64 and int(rows.max()) >= 2**31 - 1 - 2**31 // 9
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_batches_with_history_match_the_reference(data):
+    """Packed batches with history equal the reference hashing each sequence with its history
+    prepended (and the history's own rows dropped)."""
+    config = small_config()
+    token_map, compressed = small_map()
+    hasher = hasher_for_config(config, token_map, compressed, pad_token_id=2)
+    reference = reference_for(config, token_map, compressed, 2)
+    lengths = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=5))
+    token = st.integers(0, token_map.size - 1)
+    sequences = [data.draw(st.lists(token, min_size=n, max_size=n)) for n in lengths]
+    histories = [data.draw(st.lists(token, min_size=0, max_size=3)) for _ in lengths]
+    history = torch.tensor([[-1] * (3 - len(h)) + h for h in histories], dtype=torch.int64)
+    starts = np.cumsum([0] + lengths[:-1]).tolist()
+    rows = hasher.row_ids(torch.tensor(sum(sequences, [])), starts, history)
+    for seq, earlier, begin in zip(sequences, histories, starts):
+        expected = reference(earlier + seq, [0])[len(earlier):]
+        np.testing.assert_array_equal(rows[begin:begin + len(seq)].numpy(), expected)
