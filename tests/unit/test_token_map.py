@@ -113,3 +113,20 @@ def test_demo_map_is_in_first_appearance_order():
         if value not in firsts:
             firsts.append(value)
     assert firsts == list(range(compressed)) and compressed < 64
+
+
+V41 = {"engram_vocab_size": 16000000, "engram_layer_ids": [1, 14], "engram_max_ngram_size": 4,
+       "engram_n_heads": 8, "engram_head_dim": 256, "engram_num_embeddings": [384006168, 384016682]}
+
+
+def test_config_hashing_fields_are_optional_and_checked():
+    from engram_client.errors import LayoutError
+
+    plain = EngramConfig.from_dict(V41)
+    assert plain.compressed_vocab_size is None and plain.pad_token_id is None
+    nested = EngramConfig.from_dict({"text_config": {**V41, "engram_compressed_vocab_size": 99092,
+                                                     "engram_pad_token_id": 2}})
+    assert (nested.compressed_vocab_size, nested.pad_token_id) == (99092, 2)
+    for bad in (True, "2", -1):
+        with pytest.raises(LayoutError, match="engram_pad_token_id"):
+            EngramConfig.from_dict({**V41, "engram_pad_token_id": bad}, source="cfg.json")
