@@ -13,7 +13,7 @@ log = logging.getLogger("engram_client")
 
 try:
     from .._ngram_hash import hash_rows as _hash_rows_c
-except ImportError:  # a source checkout without a build: correct, about ten times slower
+except ImportError:  # built without a compiler: correct, about four times slower
     _hash_rows_c = None
 
 
