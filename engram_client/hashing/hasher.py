@@ -24,7 +24,7 @@ import torch
 
 from ..errors import HasherUnavailableError, TokenIdsError
 from ..layout import EngramConfig, LayerLayout
-from .cpu import hash_rows_cpu
+from .cpu import cpu_backend, hash_rows_cpu
 from .section import HashingSection
 
 INT32_ROWS = (1 << 31) - 1
@@ -62,7 +62,7 @@ class NgramHasher:
 
     def __repr__(self) -> str:
         return (f"NgramHasher(layers={list(self.layers)}, max_ngram={self.max_ngram}, heads={self.heads}, "
-                f"vocab={self.vocab}, compressed_vocab={self.compressed_vocab})")
+                f"vocab={self.vocab}, compressed_vocab={self.compressed_vocab}, cpu_backend={cpu_backend()!r})")
 
     # -- checks ------------------------------------------------------------------------
     def _check_tokens(self, token_ids) -> torch.Tensor:
