@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import HasherUnavailableError, TokenIdsError
+from ..errors import HasherUnavailableError, TableFileError, TokenIdsError
 from ..layout import EngramConfig, LayerLayout
 from .cpu import cpu_backend, hash_rows_cpu
 from .section import HashingSection
@@ -33,14 +33,17 @@ INT32_ROWS = (1 << 31) - 1
 class NgramHasher:
     def __init__(self, section: HashingSection, token_map: np.ndarray, layouts: Sequence[LayerLayout]):
         layer_ids = tuple(layout.layer for layout in layouts)
+        # A section that disagrees with the table's own layout is a damaged table.
         if layer_ids != section.layer_ids:
-            raise TokenIdsError(f"the hashing section is for layers {list(section.layer_ids)}, the table has "
-                                f"{list(layer_ids)}")
+            raise TableFileError(f"the hashing section is for layers {list(section.layer_ids)}, the table has "
+                                 f"{list(layer_ids)}")
         orders = section.max_ngram - 1
         heads = {len(layout.head_sizes) for layout in layouts}
         if len(heads) != 1 or heads.pop() % orders:
-            raise TokenIdsError(f"head counts {[len(l.head_sizes) for l in layouts]} do not split into "
-                                f"{orders} n-gram orders")
+            raise TableFileError(f"head counts {[len(l.head_sizes) for l in layouts]} do not split into "
+                                 f"{orders} n-gram orders")
+        if len(token_map) != section.vocab:
+            raise TableFileError(f"the token map has {len(token_map)} ids, the hashing section says {section.vocab}")
         self.section = section
         self.layers = layer_ids
         self.max_ngram = section.max_ngram
