@@ -62,6 +62,8 @@ def write_checkpoint(outdir: str, vocab_size: int = 2000, layer_ids: list[int] =
     names = [f"{prefix}layers.{layout.layer}.engram.embed.{part}" for layout in layouts for part in ("weight", "scale")]
     if not 1 <= shards <= len(names):
         raise LayoutError(f"--shards must be 1..{len(names)} for {len(layouts)} layers (one weight and one scale each)")
+    if tokenizer_vocab and tokenizer_vocab < MIN_TOKENIZER_VOCAB:
+        raise LayoutError(f"--tokenizer-vocab must be at least {MIN_TOKENIZER_VOCAB}, got {tokenizer_vocab}")
     os.makedirs(outdir, exist_ok=True)
     if tokenizer_vocab:
         config.update(write_synth_tokenizer(outdir, tokenizer_vocab, seed))
@@ -98,7 +100,5 @@ def write_synth_tokenizer(outdir: str, tokenizer_vocab: int, seed: int) -> dict:
     from .synth_tokenizer import PAD_TOKEN_ID, write_tokenizer
     from .token_map import compressed_map
 
-    if tokenizer_vocab < MIN_TOKENIZER_VOCAB:
-        raise LayoutError(f"--tokenizer-vocab must be at least {MIN_TOKENIZER_VOCAB}, got {tokenizer_vocab}")
     _, compressed = compressed_map(write_tokenizer(outdir, tokenizer_vocab, seed))
     return {"engram_compressed_vocab_size": compressed, "engram_pad_token_id": PAD_TOKEN_ID}
