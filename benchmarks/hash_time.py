@@ -23,9 +23,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import summary, write_json  # noqa: E402
+from engram_client.core.layout import EngramConfig  # noqa: E402
 from engram_client.hashing import cpu  # noqa: E402
 from engram_client.hashing.hasher import hasher_for_config  # noqa: E402
-from engram_client.layout import EngramConfig  # noqa: E402
 
 V41 = {"engram_vocab_size": 16000000, "engram_layer_ids": [1, 14], "engram_max_ngram_size": 4,
        "engram_n_heads": 8, "engram_head_dim": 256, "engram_num_embeddings": [384006168, 384016682]}

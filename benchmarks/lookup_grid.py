@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import write_json  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
-from engramd.bench import SIZES, IdSampler, _time_ms, measure_overlap, start_daemon  # noqa: E402
+from engram_client.tools.bench import SIZES, IdSampler, _time_ms, measure_overlap, start_daemon  # noqa: E402
 
 # (ids per block, warps per program, programs (None: one per block of ids), the model's stream
 # priority (0: the default stream's, the lowest; -1: a high-priority stream, so that the

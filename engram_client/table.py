@@ -13,8 +13,8 @@ from typing import Callable
 import torch
 
 from .dequant import dequantize_rows
-from .errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
-from .layout import LayerLayout
+from .core.errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
+from .core.layout import LayerLayout
 from .hot_rows import HotRowCache
 from .prefetch import PrefetchHandle
 

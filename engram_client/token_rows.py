@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import EngramError
+from .core.errors import EngramError
+from .core.table_file import read_header
 from .hashing.hasher import NgramHasher, UnavailableHasher
-from .table_file import read_header
 
 if TYPE_CHECKING:
-    from .generation_map import MappedGeneration
+    from .mapped_generation import MappedGeneration
     from .prefetch import PrefetchHandle
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from engram_client.errors import LayoutError
-from engram_client.layout import EngramConfig, build_layout, head_sizes
+from engram_client.core.errors import LayoutError
+from engram_client.core.layout import QUANT_BLOCK, EngramConfig, build_layout, head_sizes
 
 GENERATE_ROWS = 1 << 20
 MIN_TOKENIZER_VOCAB = 16  # rows generated per step, to bound temporary memory
@@ -48,7 +48,7 @@ def random_weight(seed: int, layer: int, rows: int, head_dim: int) -> torch.Tens
 def random_scale(seed: int, layer: int, rows: int, head_dim: int) -> torch.Tensor:
     """UE8M0 scales around 2^0, as trained tables have."""
     rng = np.random.default_rng([seed, layer, 1])
-    scale = rng.integers(117, 131, size=(rows, head_dim // 32), dtype=np.uint8)
+    scale = rng.integers(117, 131, size=(rows, head_dim // QUANT_BLOCK), dtype=np.uint8)
     return torch.from_numpy(scale).view(torch.float8_e8m0fnu)
 
 

@@ -20,9 +20,9 @@ import os
 
 import numpy as np
 
-from engram_client.errors import CheckpointError
-from engram_client.hashing.section import HashingSection
-from engram_client.layout import EngramConfig
+from engram_client.core.errors import CheckpointError
+from engram_client.core.hashing_section import HashingSection
+from engram_client.core.layout import EngramConfig
 
 log = logging.getLogger("engramd")
 TOKENIZER_NAME = "tokenizer.json"

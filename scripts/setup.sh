@@ -9,4 +9,4 @@ if .venv/bin/python -c "import engramd, engram_client, engram_client._ngram_hash
 fi
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "engramd needs Python 3.11 or newer")'
 python3 -m venv .venv
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"  # also builds the C extensions in place
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[client,synth,test]"  # also builds the C extensions in place

@@ -22,10 +22,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import HasherUnavailableError, TableFileError, TokenIdsError
-from ..layout import EngramConfig, LayerLayout
+from ..core.errors import HasherUnavailableError, TableFileError, TokenIdsError
+from ..core.hashing_section import HashingSection
+from ..core.layout import EngramConfig, LayerLayout
 from .cpu import cpu_backend, hash_rows_cpu
-from .section import HashingSection
 
 INT32_ROWS = (1 << 31) - 1
 
@@ -150,7 +150,7 @@ class NgramHasher:
 def hasher_for_config(config: EngramConfig, token_map: np.ndarray, compressed_vocab: int,
                       pad_token_id: int) -> NgramHasher:
     """A hasher for a config's geometry without a table (benchmarks, tests, offline tools)."""
-    from ..layout import build_layout
+    from ..core.layout import build_layout
 
     section = HashingSection.build(token_map, compressed_vocab, pad_token_id, config.max_ngram, config.layer_ids)
     return NgramHasher(section, section.token_map, build_layout(config))

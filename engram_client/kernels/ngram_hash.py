@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import TokenIdsError
+from ..core.errors import TokenIdsError
 
 BLOCK = 128
 

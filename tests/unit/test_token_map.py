@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from engram_client.errors import CheckpointError
-from engram_client.layout import EngramConfig
+from engram_client.core.errors import CheckpointError
+from engram_client.core.layout import EngramConfig
 from engramd.synth import write_checkpoint
 from engramd.synth_tokenizer import write_tokenizer
 from engramd.token_map import compressed_map, demo_token_map, hashing_for_checkpoint
@@ -120,7 +120,7 @@ V41 = {"engram_vocab_size": 16000000, "engram_layer_ids": [1, 14], "engram_max_n
 
 
 def test_config_hashing_fields_are_optional_and_checked():
-    from engram_client.errors import LayoutError
+    from engram_client.core.errors import LayoutError
 
     plain = EngramConfig.from_dict(V41)
     assert plain.compressed_vocab_size is None and plain.pad_token_id is None

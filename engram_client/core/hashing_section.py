@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TableFileError
+from .errors import TableFileError
 
 INT64_MAX = (1 << 63) - 1
 SEED_STRIDE = 10007  # DeepSeek's PRIME_1: layer L's generator is seeded with 10007 * L

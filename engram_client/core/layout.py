@@ -27,6 +27,14 @@ CONFIG_FIELDS = ("engram_layer_ids", "engram_num_embeddings", "engram_max_ngram_
                  "engram_n_heads", "engram_head_dim", "engram_vocab_size")
 
 
+def packed_row_bytes(head_dim: int) -> int:
+    """Bytes of one packed table row: ``head_dim`` FP8-E4M3 values, then their UE8M0 scales.
+
+    The one definition of the row the table file, the loader and the kernels share
+    (V4.1: 256 + 8 = 264 bytes)."""
+    return head_dim + head_dim // QUANT_BLOCK
+
+
 def is_prime(n: int) -> bool:
     """Deterministic Miller-Rabin for n < 3.3e24 (the first 13 prime bases)."""
     if n < 2:
@@ -182,7 +190,7 @@ class LayerLayout:
     @property
     def row_bytes(self) -> int:
         """Bytes of one packed row: FP8 values, then their UE8M0 scales."""
-        return self.head_dim + self.scale_cols
+        return packed_row_bytes(self.head_dim)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "rows": self.rows, "head_dim": self.head_dim,

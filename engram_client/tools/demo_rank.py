@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from engram_client.reference import reference_bf16_bits, same_bf16
 
 from .demo_tokens import check_tokens

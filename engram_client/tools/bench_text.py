@@ -12,20 +12,19 @@ of the table being benchmarked, so the ids have the repeats and spread that text
            (hashed with its history, as an engine's decode step is).
 
 ``distinct_fraction`` of a call is its distinct rows over its rows, to set beside the
-uniform and Zipf draws of bench.py.  ``python -m engramd.bench_text`` prints those
-fractions for the bench's call sizes on the CPU (no GPU, no daemon needed).
+uniform and Zipf draws of bench.py; ``benchmarks/text_distinct.py`` prints those fractions
+for the bench's call sizes on the CPU (no GPU, no daemon needed).
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 
 import numpy as np
 import torch
 
+from engram_client.core.hashing_section import HashingSection
 from engram_client.hashing.hasher import NgramHasher
-from engram_client.hashing.section import HashingSection
 
 DECODE_SEQUENCES = 256
 V4_PAD_TOKEN_ID = 2
@@ -44,7 +43,7 @@ def corpus_text() -> str:
     from pydoc_data.topics import topics
 
     parts = [topics[name] for name in sorted(topics)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     for path in [os.path.join(root, "README.md"), *sorted(glob.glob(os.path.join(root, "docs", "*.md")))]:
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
@@ -58,7 +57,7 @@ class TextWorkload:
     def __init__(self, layouts, layer: int, max_ngram: int, tokenizer_path: str | None = None):
         from tokenizers import Tokenizer
 
-        from .token_map import compressed_map
+        from engramd.token_map import compressed_map
 
         path = tokenizer_path or v4_tokenizer_path()
         if path is None:
@@ -124,37 +123,3 @@ def with_text(sampler, client, layer: int) -> tuple[object, tuple[str, ...]]:
     layouts = [client.table(layer_id).layout for layer_id in client.layers]
     max_ngram = client.hasher.max_ngram if client.hasher.available else 4  # the demo table has a hasher
     return WithText(sampler, TextWorkload(layouts, layer, max_ngram)), ("uniform", "zipf", "text")
-
-
-def main() -> None:
-    from engram_client.demo_rows import demo_config, demo_vocab_for_table_bytes
-    from engram_client.layout import build_layout
-
-    from .bench import SIZES, IdSampler
-
-    parser = argparse.ArgumentParser(description="Distinct rows per call: text vs uniform vs Zipf (CPU).")
-    parser.add_argument("--table-gib", type=float, default=64.0, help="the bench table's size (its geometry)")
-    parser.add_argument("--calls", type=int, default=7)
-    args = parser.parse_args()
-    config = demo_config(demo_vocab_for_table_bytes(int(args.table_gib * 2**30)))
-    layouts = build_layout(config)
-    workload = TextWorkload(layouts, layouts[0].layer, config.max_ngram)
-
-    class _Table:  # IdSampler reads only these two
-        head_sizes, head_offsets = layouts[0].head_sizes, layouts[0].head_offsets
-
-    sampler = WithText(IdSampler(_Table, torch.device("cpu")), workload)
-    print(f"text: {workload.tokens.numel():,} tokens (CPython topics + project docs, DeepSeek-V4 tokenizer); "
-          f"table: {args.table_gib:g} GiB demo geometry, layer {layouts[0].layer}; median of {args.calls} calls\n")
-    print("| rows per call | tokens | uniform | zipf | text |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
-    for rows in SIZES:
-        cells = []
-        for distribution in ("uniform", "zipf", "text"):
-            cells.append(np.median([distinct_fraction(sampler.sample(rows, distribution))
-                                    for _ in range(args.calls)]))
-        print(f"| {rows:,} | {rows // workload.heads:,} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
-
-
-if __name__ == "__main__":
-    main()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -27,7 +26,9 @@ import torch
 
 from engram_client import EngramClient
 from engram_client.hot_rows import HotRowCache
-from engram_client.demo_rows import demo_vocab_for_table_bytes
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes
+from engram_client.core.layout import QUANT_BLOCK
+from engram_client.tools.serve_process import launch_serve
 from engram_client.dequant import scale_factors
 
 from .bench_text import with_text
@@ -71,7 +72,7 @@ def naive_lookup(weight_view: torch.Tensor, scale_view: torch.Tensor, ids: torch
     s = torch.index_select(scale_view, 0, ids)
     values = w.view(torch.float8_e4m3fn).to(torch.float32)
     n, d = values.shape
-    return (values.view(n, d // 32, 32) * scale_factors(s).unsqueeze(-1)).view(n, d).to(torch.bfloat16)
+    return (values.view(n, d // QUANT_BLOCK, QUANT_BLOCK) * scale_factors(s).unsqueeze(-1)).view(n, d).to(torch.bfloat16)
 
 
 def _time_ms(fn, stream) -> float:
@@ -229,9 +230,7 @@ def start_daemon(table_gib: float, load_threads: int) -> tuple[subprocess.Popen,
     shm_dir = tempfile.mkdtemp(prefix="engramd-bench-", dir="/dev/shm")
     vocab = demo_vocab_for_table_bytes(int(table_gib * 2**30))
     endpoint = f"ipc://{socket_dir}/engramd.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
-                             "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads),
-                             "--no-progress", "--log-level", "warning"])
+    proc = launch_serve(endpoint, shm_dir, "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads))
     return proc, endpoint, shm_dir
 
 

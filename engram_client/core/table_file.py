@@ -6,7 +6,7 @@
     offset 20         reserved                                 u32
     offset 24         JSON length N                            u64 LE
     offset 32         JSON (utf-8, N bytes): layers, fingerprint, checkpoint, generation,
-                      hashing (null, or the token hash's facts: hashing/section.py)
+                      hashing (null, or the token hash's facts: hashing_section.py)
     offset 2 MiB      [format 2: only with hashing] token map, int32 LE per token id,
                       then zero padding to a 2 MiB boundary
     next 2 MiB        layer 0 rows, then zero padding to a 2 MiB boundary
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import TableFileError
-from .hashing.section import HashingSection
+from .hashing_section import HashingSection
 from .layout import LayerLayout
 
 MAGIC = b"ENGRAMTB"
