@@ -137,16 +137,19 @@ def _int_list(_ctx: click.Context, _param: click.Parameter, value: str) -> list[
 @click.option("--head-dim", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--shards", default=1, show_default=True, type=int)
+@click.option("--tokenizer-vocab", default=0, show_default=True, type=int,
+              help="Also write a synthetic tokenizer.json of this many ids (0: none), for hashing tokens.")
 @click.option("--force", is_flag=True, help="Write into a non-empty directory, replacing only checkpoint files.")
 def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads: int, head_dim: int, seed: int,
-          shards: int, force: bool) -> None:
+          shards: int, tokenizer_vocab: int, force: bool) -> None:
     """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout into an empty or new directory."""
     from .synth import write_checkpoint
     from .synth_target import prepare_outdir
 
     try:
         removed, kept = prepare_outdir(outdir, force)
-        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
+        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards,
+                                  tokenizer_vocab=tokenizer_vocab)
     except OSError as exc:
         fail(f"cannot write the checkpoint in {outdir}: {describe_os_error(exc)}")
     if removed:

@@ -32,6 +32,7 @@ from .loader import CheckpointSource, DemoSource, fill_table
 from .numa import bind_this_thread
 from .sizes import human_bytes
 from .table_store import ShmDir
+from .token_map import demo_hashing, hashing_for_checkpoint
 
 log = logging.getLogger("engramd")
 
@@ -53,11 +54,13 @@ class LoadJob:
         generation = self.generation
         if generation.checkpoint:
             plan = read_checkpoint(generation.checkpoint)
-            header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation.number)
+            header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation.number,
+                                      hashing_for_checkpoint(plan.directory, plan.config))
             return header, lambda: CheckpointSource(plan), list(plan.files)
         vocab, seed = self.config.demo_vocab_size, self.config.demo_seed
-        header = TableHeader.plan(build_layout(demo_config(vocab)), f"demo-v{vocab}-s{seed}", "<demo>",
-                                  generation.number)
+        config = demo_config(vocab)
+        header = TableHeader.plan(build_layout(config), f"demo-v{vocab}-s{seed}", "<demo>",
+                                  generation.number, demo_hashing(config))
         return header, lambda: DemoSource(seed), []
 
     def _adopt(self, wanted: TableHeader) -> bool:
@@ -71,7 +74,7 @@ class LoadJob:
                 log.warning("not re-adopting %s: %s", path, exc)
                 found = None
             same = found is not None and found.fingerprint == wanted.fingerprint and \
-                [e.layout for e in found.layers] == [e.layout for e in wanted.layers]
+                [e.layout for e in found.layers] == [e.layout for e in wanted.layers] and found.hashing == wanted.hashing
             if adopted is None and same:
                 adopted = (number, path, found)
             else:

@@ -15,6 +15,7 @@ from engram_client.core.protocol import READY
 from .config import ServeConfig
 from .generation import Generation
 from .leases import LeaseRegistry
+from .token_map import describe_hashing
 
 
 def build_status(state: str, current: Generation, pending: Generation | None, retiring: list[Generation],
@@ -33,6 +34,7 @@ def build_status(state: str, current: Generation, pending: Generation | None, re
         "adopted": current.adopted, "numa_node": config.numa_node,
         "shm_dir": shm_dir, "files": list(current.files),
         "layers": [entry.layout.to_dict() for entry in header.layers] if header else [],
+        "hashing": describe_hashing(header.hashing if header else None),
         "load": current.progress.snapshot(),
         "reload": pending.describe(held.get(pending.number, 0)) if pending else None,
         "generations": [g.describe(held.get(g.number, 0)) for g in (current, *retiring)],

@@ -19,7 +19,7 @@ from .sizes import human_bytes
 SHOWN_FIELDS = frozenset({
     "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
     "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
-    "generations", "clients", "lease_seconds", "events_endpoint",
+    "generations", "clients", "lease_seconds", "events_endpoint", "hashing",
 })
 
 
@@ -77,6 +77,10 @@ def render_status(status: dict[str, Any]) -> list[str]:
     for layer in status["layers"]:
         lines.append(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
                      f"{len(layer['head_sizes'])} heads")
+    hashing = status.get("hashing")
+    if hashing:  # only a table with a token map has one
+        lines.append(f"hashing     {hashing['vocab']} token ids -> {hashing['compressed_vocab']} compressed, "
+                     f"n-grams up to {hashing['max_ngram']}, pad token {hashing['pad_token_id']}")
     if status["state"] == LOADING:
         lines.append("load        " + _load_line(status["load"]))
     reload = status.get("reload")

@@ -12,7 +12,8 @@ import re
 
 from engram_client.core.errors import EngramError
 
-CHECKPOINT_FILE = re.compile(r"^(config\.json|model\.safetensors(\.index\.json)?|model-\d{5}-of-\d{5}\.safetensors)$")
+CHECKPOINT_FILE = re.compile(r"^(config\.json|tokenizer\.json|model\.safetensors(\.index\.json)?|"
+                             r"model-\d{5}-of-\d{5}\.safetensors)$")
 LISTED = 5
 
 

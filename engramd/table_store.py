@@ -193,6 +193,8 @@ class TableWriter:
             self.abandon()
             raise
         self.write(0, self.header.encode(STATE_WRITING))
+        if self.header.hashing is not None and self.header.hashing.token_map is not None:
+            self.write(self.header.hashing.map_offset, self.header.hashing.token_map.astype("<i4"))
 
     def write(self, offset: int, data) -> None:
         """Write a bytes-like object at ``offset`` (thread-safe: positional writes only)."""

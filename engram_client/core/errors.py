@@ -16,7 +16,9 @@
     ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
     ├── NotCapturableError           a lookup started while a CUDA graph is being captured
     ├── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
-    └── UnknownLayerError            ``client.table(layer)`` for a layer the table lacks, or not an int
+    ├── UnknownLayerError            ``client.table(layer)`` for a layer the table lacks, or not an int
+    ├── TokenIdsError                token ids the hasher cannot hash (dtype, shape, range)
+    └── HasherUnavailableError       the served table has no token map to hash with
 
 Each side maps lower-layer exceptions to these in one place and chains them with
 ``raise ... from exc``.  Error replies carry ``name`` so the client can raise the
@@ -106,6 +108,14 @@ class UnknownLayerError(EngramError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message as if it were the key
         return str(self.args[0]) if self.args else ""
+
+
+class TokenIdsError(EngramError, ValueError):
+    code = "bad_token_ids"
+
+
+class HasherUnavailableError(EngramError):
+    code = "hasher_unavailable"
 
 
 # Error replies name the class; the client turns the name back into the class.

@@ -29,7 +29,7 @@ import msgpack
 
 from .errors import ProtocolError
 
-PROTOCOL_VERSION = (1, 1)  # 1.1 added the reload operation and generation fields
+PROTOCOL_VERSION = (1, 2)  # 1.1 added reload and generation fields; 1.2 the status hashing field
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.

