@@ -212,8 +212,27 @@ static PyObject *set_error_classes(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Ids from the host are checked before anything is enqueued, so their error is raised at once. */
+static PyObject *count_outside(PyObject *module, PyObject *args) {
+    unsigned long long ids;
+    long long n, lo, hi;
+    int ids64;
+    if (!PyArg_ParseTuple(args, "KpLLL", &ids, &ids64, &n, &lo, &hi)) return NULL;
+    long long bad = 0;
+    if (ids64) {
+        const int64_t *p = (const int64_t *)(uintptr_t)ids;
+        for (long long i = 0; i < n; i++) bad += (p[i] < lo) | (p[i] >= hi);
+    } else {
+        const int32_t *p = (const int32_t *)(uintptr_t)ids;
+        for (long long i = 0; i < n; i++) bad += ((int64_t)p[i] < lo) | ((int64_t)p[i] >= hi);
+    }
+    return PyLong_FromLongLong(bad);
+}
+
 static PyMethodDef module_methods[] = {
     {"set_error_classes", set_error_classes, METH_VARARGS, "set_error_classes(base, detached)"},
+    {"count_outside", count_outside, METH_VARARGS,
+     "count_outside(ids, ids64, n, lo, hi) -> how many of n ids at address ids are outside [lo, hi)"},
     {NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_host_gather",
