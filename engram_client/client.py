@@ -122,7 +122,7 @@ class _Attachment:
                 if self.stream is not None:
                     self.stream.synchronize()
                 for table in self.tables.values():
-                    table.release()
+                    table._retire("client is closed")  # a table kept past close must not read unmapped rows
                 self.tables.clear()
                 self.mapped.release()
                 self.mapped = None

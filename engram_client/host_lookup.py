@@ -80,15 +80,17 @@ class HostPath:
         on_host = flat.device.type == "cpu"
         if not on_host and flat.device != self.device:
             flat = flat.to(self.device, non_blocking=True)  # ids on another GPU
+        stream = self.stream
+        # GPU ids and `out`'s memory come from the caller's stream; under capture this also
+        # brings the prefetch stream into the graph before a slot is allocated on it.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
         if capturing:
             slot = self._graph_slot(flat, n, on_host)
         else:
             slot = self._free_slot(n, table)
         if not (capturing and on_host):  # a captured host buffer is read in place at every replay
             flat = flat.contiguous()
-        stream = self.stream
         out = torch.empty((n, self.head_dim), dtype=self.config.out_dtype, device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # `out` and GPU ids come from the caller
         where = (IDS_IN_PLACE if capturing else IDS_ON_HOST) if on_host else IDS_ON_DEVICE
         chunks = max(1, n * self.row_bytes // CHUNK_BYTES)
         slot.job.enqueue(self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi, flat.data_ptr(),
