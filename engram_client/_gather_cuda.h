@@ -19,6 +19,12 @@ static struct {
     CUresult (*ctx_get_current)(CUcontext *);
     CUresult (*ctx_set_current)(CUcontext);
     CUresult (*stream_get_ctx)(CUstream, CUcontext *);
+    CUresult (*stream_is_capturing)(CUstream, int *);
+    CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int);
+    CUresult (*event_create)(CUevent *, unsigned int);
+    CUresult (*event_destroy)(CUevent);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_query)(CUevent);
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -46,6 +52,12 @@ static int load_cuda(void) {
         SYM(ctx_get_current, "cuCtxGetCurrent")
         SYM(ctx_set_current, "cuCtxSetCurrent")
         SYM(stream_get_ctx, "cuStreamGetCtx")
+        SYM(stream_is_capturing, "cuStreamIsCapturing")
+        SYM(stream_wait_event, "cuStreamWaitEvent")
+        SYM(event_create, "cuEventCreate")
+        SYM(event_destroy, "cuEventDestroy_v2")
+        SYM(event_record, "cuEventRecord")
+        SYM(event_query, "cuEventQuery")
 #undef SYM
         cu.loaded = 1;
     }

@@ -28,6 +28,7 @@ struct Pool {
     pthread_cond_t wake;
     Job *head;
     atomic_int listed_jobs, stop;
+    atomic_llong spin_until;       /* workers poll, awake, until then (pool_prewake) */
     int sleepers, nthreads, started;
     long generation;               /* fork_generation when the workers started */
     pid_t pid;
@@ -35,6 +36,12 @@ struct Pool {
     atomic_llong jobs_run;
     pthread_t *threads;
 };
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -114,14 +121,22 @@ static Job *job_with_work(Pool *pool) {
     return NULL;
 }
 
+/* Workers poll the job list while a spin window is open (IDLE_SPIN_NS after their last job, or
+ * until pool->spin_until), then sleep on the condition variable: a futex wake-up costs tens of
+ * microseconds in a VM, as much as a decode-size gather. */
 static void *worker_main(void *arg) {
     Pool *pool = arg;
+    int64_t idle_until = now_ns() + IDLE_SPIN_NS;
     for (;;) {
-        for (int i = 0; i < IDLE_SPIN && !atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop); i++)
-            cpu_relax();
+        while (!atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop)) {
+            int64_t now = now_ns();
+            if (now >= idle_until && now >= atomic_load(&pool->spin_until)) break;
+            for (int i = 0; i < 32; i++) cpu_relax();
+        }
         pthread_mutex_lock(&pool->lock);
         Job *job = NULL;
         while (!atomic_load(&pool->stop) && !(job = job_with_work(pool))) {
+            if (now_ns() < atomic_load(&pool->spin_until)) break;  /* woken early for a job on its way */
             pool->sleepers++;
             pthread_cond_wait(&pool->wake, &pool->lock);
             pool->sleepers--;
@@ -130,11 +145,25 @@ static void *worker_main(void *arg) {
             pthread_mutex_unlock(&pool->lock);
             return NULL;
         }
+        if (job == NULL) {
+            pthread_mutex_unlock(&pool->lock);
+            idle_until = 0;
+            continue;
+        }
         atomic_fetch_add(&job->users, 1);
         pthread_mutex_unlock(&pool->lock);
         while (take_block(job)) {}
         atomic_fetch_sub(&job->users, 1);
+        idle_until = now_ns() + IDLE_SPIN_NS;
     }
+}
+
+/* A job is about to be enqueued: have the workers awake and polling when its host function runs. */
+static void pool_prewake(Pool *pool) {
+    atomic_store(&pool->spin_until, now_ns() + PREWAKE_NS);
+    pthread_mutex_lock(&pool->lock);
+    if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
 }
 
 static int pool_usable(const Pool *pool) {

@@ -35,7 +35,8 @@
 
 #define MAX_CHUNKS 8
 #define PREFETCH_ROWS 16          /* rows prefetched ahead of the copy, per thread */
-#define IDLE_SPIN 4000            /* polls of the job list before a worker sleeps */
+#define IDLE_SPIN_NS 50000        /* a worker polls for new jobs this long after its last one, then sleeps */
+#define PREWAKE_NS 150000         /* an enqueue wakes the workers to poll this long for its host function */
 
 /* The project's exception classes (set_error_classes) and a count of forks seen by this process. */
 static PyObject *error_class;      /* engram_client's EngramError, set by set_error_classes() */
@@ -229,7 +230,17 @@ static PyObject *count_outside(PyObject *module, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
+static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
+    unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
+    int status = 0;
+    if (PyErr_Occurred() || load_cuda() ||
+        cu_failed(cu.stream_is_capturing((CUstream)(uintptr_t)stream, &status), "cuStreamIsCapturing"))
+        return NULL;
+    return PyBool_FromLong(status == 1 /* CU_STREAM_CAPTURE_STATUS_ACTIVE */);
+}
+
 static PyMethodDef module_methods[] = {
+    {"stream_capturing", stream_capturing, METH_O, "stream_capturing(stream) -> whether it is capturing a graph"},
     {"set_error_classes", set_error_classes, METH_VARARGS, "set_error_classes(base, detached)"},
     {"count_outside", count_outside, METH_VARARGS,
      "count_outside(ids, ids64, n, lo, hi) -> how many of n ids at address ids are outside [lo, hi)"},

@@ -1,7 +1,10 @@
 /* StagedJob: one reusable lookup slot of the host-gather path (included by _host_gather.c).
  *
- * It owns pinned ids and staging buffers of `capacity` rows and enqueues a gather job on a CUDA
- * stream (see the diagram at the top of _host_gather.c).  The host functions receive pointers into
+ * It owns pinned ids and staging buffers of `capacity` rows and two CUDA events, and enqueues a
+ * gather job on a CUDA stream (see the diagram at the top of _host_gather.c): `fork` orders the
+ * job after the caller's stream, `done` (recorded by finish(), after the dequant kernel) is what
+ * the caller's stream waits on (join) and what strict mode polls (query).  Doing these in C keeps
+ * torch's event objects off the per-call path.  The host functions receive pointers into
  * the slot, so the slot must outlive every enqueued run: while a run is in flight, or once a graph
  * captured it, dropping the object leaks the slot instead of freeing it.  disarm() (the client's
  * close) makes any later run of a captured graph zero its rows and never read the table again.
@@ -20,6 +23,7 @@ struct StagedState {
     int graph;                     /* captured into a graph: may run again at any time */
     int64_t capacity, row_bytes;
     uint8_t *ids_buf, *staging;    /* pinned */
+    CUevent fork, done;
 };
 
 typedef struct {
@@ -42,13 +46,30 @@ static void host_step(void *arg) {
 
 /* Allocate pinned memory, also while the caller's stream captures a graph (allowed in relaxed mode). */
 static void *pinned_alloc(size_t nbytes) {
-    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
     void *ptr = NULL;
-    cu.exchange_capture_mode(&mode);
     CUresult rc = cu.mem_host_alloc(&ptr, nbytes ? nbytes : 1, 0x1 /* CU_MEMHOSTALLOC_PORTABLE */);
-    cu.exchange_capture_mode(&mode);
     if (cu_failed(rc, "cuMemHostAlloc of lookup staging")) return NULL;
     return ptr;
+}
+
+static void staged_free(StagedState *state) {  /* may fail at exit once the context is gone: nothing to do */
+    if (state->ids_buf) cu.mem_free_host(state->ids_buf);
+    if (state->staging) cu.mem_free_host(state->staging);
+    if (state->fork) cu.event_destroy(state->fork);
+    if (state->done) cu.event_destroy(state->done);
+    free(state);
+}
+
+/* Buffers and events, allowed while the caller's stream captures a graph (in relaxed mode). */
+static int staged_alloc(StagedState *state) {
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    cu.exchange_capture_mode(&mode);
+    int ok = (state->ids_buf = pinned_alloc((size_t)state->capacity * 8)) &&
+             (state->staging = pinned_alloc((size_t)(state->capacity * state->row_bytes))) &&
+             !cu_failed(cu.event_create(&state->fork, 0x2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate") &&
+             !cu_failed(cu.event_create(&state->done, 0x2), "cuEventCreate");
+    cu.exchange_capture_mode(&mode);
+    return ok ? 0 : -1;
 }
 
 static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) {
@@ -70,11 +91,8 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
         return -1;
     }
     state->capacity = capacity, state->row_bytes = row_bytes, state->graph = graph;
-    state->ids_buf = pinned_alloc((size_t)capacity * 8);
-    state->staging = state->ids_buf ? pinned_alloc((size_t)(capacity * row_bytes)) : NULL;
-    if (!state->staging) {
-        if (state->ids_buf) cu.mem_free_host(state->ids_buf);
-        free(state);
+    if (staged_alloc(state)) {
+        staged_free(state);
         return -1;
     }
     for (int c = 0; c < MAX_CHUNKS; c++) state->steps[c] = (Step){state, c};
@@ -87,21 +105,40 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
 static void staged_dealloc(StagedJobObject *self) {
     StagedState *state = self->state;
     if (state && !state->graph && atomic_load(&state->in_flight) == 0) {
-        cu.mem_free_host(state->ids_buf);  /* may fail at exit once the context is gone: nothing to do */
-        cu.mem_free_host(state->staging);
         pool_unref(state->job.pool);
-        free(state);
+        staged_free(state);
     }
     self->state = NULL;
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Copy host ids into the pinned buffer, counting those outside [lo, hi) on the way (one pass). */
+static int64_t copy_and_count(void *dst, const void *src, int ids64, int64_t n, int64_t lo, int64_t hi) {
+    int64_t bad = 0;
+    if (ids64) {
+        const int64_t *in = src;
+        int64_t *out = dst;
+        for (int64_t i = 0; i < n; i++) {
+            out[i] = in[i];
+            bad += (in[i] < lo) | (in[i] >= hi);
+        }
+    } else {
+        const int32_t *in = src;
+        int32_t *out = dst;
+        for (int64_t i = 0; i < n; i++) {
+            out[i] = in[i];
+            bad += ((int64_t)in[i] < lo) | ((int64_t)in[i] >= hi);
+        }
+    }
+    return bad;
+}
+
 static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
-    unsigned long long stream, table, ids, device_staging, counter;
+    unsigned long long caller, stream, table, ids, device_staging, counter;
     long long row_lo, row_hi, n, nchunks;
     int where, ids64;
-    if (!PyArg_ParseTuple(args, "KKLLKipLKKL", &stream, &table, &row_lo, &row_hi, &ids, &where, &ids64, &n,
-                          &device_staging, &counter, &nchunks))
+    if (!PyArg_ParseTuple(args, "KKKLLKipLKKL", &caller, &stream, &table, &row_lo, &row_hi, &ids, &where, &ids64,
+                          &n, &device_staging, &counter, &nchunks))
         return NULL;
     StagedState *state = self->state;
     if (!state || check_pool(state->job.pool)) return NULL;
@@ -129,8 +166,15 @@ static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
     job->ids64 = ids64;
     job->staging = state->staging;
     job->bad_total = (int64_t *)(uintptr_t)counter;
+    if (where == IDS_ON_HOST) {  /* checked here, so that a bad call raises at once and enqueues nothing */
+        int64_t bad = copy_and_count(state->ids_buf, (const void *)(uintptr_t)ids, ids64, n, row_lo, row_hi);
+        if (bad) return PyLong_FromLongLong(bad);
+    }
+    pool_prewake(state->job.pool);
+    if (cu_failed(cu.event_record(state->fork, (CUstream)(uintptr_t)caller), "cuEventRecord on the caller's stream") ||
+        cu_failed(cu.stream_wait_event(s, state->fork, 0), "cuStreamWaitEvent on the prefetch stream"))
+        return NULL;
     if (where == IDS_ON_HOST) {
-        memcpy(state->ids_buf, (const void *)(uintptr_t)ids, (size_t)n * id_bytes);
         job->ids = state->ids_buf;
     } else if (where == IDS_ON_DEVICE) {
         if (cu_failed(cu.memcpy_dtoh(state->ids_buf, (CUdeviceptr)ids, (size_t)n * id_bytes, s),
@@ -151,7 +195,32 @@ static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
                       "copy of the gathered rows to the GPU (cuMemcpyHtoDAsync)"))
             return NULL;  /* in_flight stays raised: the slot is never reused or freed */
     }
+    return PyLong_FromLong(0);
+}
+
+static PyObject *staged_finish(StagedJobObject *self, PyObject *arg) {
+    unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || !self->state) return NULL;
+    if (cu_failed(cu.event_record(self->state->done, (CUstream)(uintptr_t)stream), "cuEventRecord of a lookup's end"))
+        return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *staged_join(StagedJobObject *self, PyObject *arg) {
+    unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || !self->state) return NULL;
+    if (cu_failed(cu.stream_wait_event((CUstream)(uintptr_t)stream, self->state->done, 0),
+                  "cuStreamWaitEvent for a lookup's end"))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *staged_query(StagedJobObject *self, PyObject *unused) {
+    if (!self->state) Py_RETURN_TRUE;
+    CUresult rc = cu.event_query(self->state->done);
+    if (rc == 600 /* CUDA_ERROR_NOT_READY */) Py_RETURN_FALSE;
+    if (cu_failed(rc, "cuEventQuery of a lookup's end")) return NULL;
+    Py_RETURN_TRUE;
 }
 
 static PyObject *staged_disarm(StagedJobObject *self, PyObject *unused) {
@@ -176,9 +245,13 @@ static PyObject *staged_get_bad(StagedJobObject *self, void *unused) {
 
 static PyMethodDef staged_methods[] = {
     {"enqueue", (PyCFunction)staged_enqueue, METH_VARARGS,
-     "enqueue(stream, table, row_lo, row_hi, ids, where, ids64, n, device_staging, counter, chunks)\n"
+     "enqueue(caller, stream, table, row_lo, row_hi, ids, where, ids64, n, device_staging, counter, chunks)\n"
+     "-> host ids out of range (then nothing was enqueued).  Orders the job after `caller`.\n"
      "where: 0 ids on the host (copied now), 1 on the device, 2 host memory read at run time (graphs)."},
     {"disarm", (PyCFunction)staged_disarm, METH_NOARGS, "Later runs zero their rows and never read the table."},
+    {"finish", (PyCFunction)staged_finish, METH_O, "finish(stream): record the end of the lookup on stream."},
+    {"join", (PyCFunction)staged_join, METH_O, "join(stream): make stream wait for the lookup's end."},
+    {"query", (PyCFunction)staged_query, METH_NOARGS, "Whether the lookup's end has been reached."},
     {NULL}};
 
 static PyGetSetDef staged_getset[] = {

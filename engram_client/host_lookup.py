@@ -6,7 +6,7 @@ functions that gather the rows on the client's pool into pinned staging, chunk b
 chunk's copy to device staging; then the staged-row dequant kernel and the slot's event.  No
 SM waits on PCIe, and the caller's thread never blocks.
 
-Staging slots (pinned ids and rows, device rows, an event) are reused: a call takes the first
+Staging slots (pinned ids and rows, device rows, the lookup's CUDA events) are reused: a call takes the first
 slot whose last run has finished (a flag the host function clears: no CUDA query), growing it
 if the call is larger, or adds one, up to MAX_SLOTS; beyond that it waits, bounded.  Device
 staging belongs to the prefetch stream, so reusing it is ordered by the stream itself.
@@ -24,11 +24,12 @@ import time
 import torch
 
 from . import _host_gather
-from .errors import EngramError, EngramTimeoutError, NotAttachedError, NotCapturableError
+from .errors import EngramError, EngramTimeoutError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
 from .prefetch import PrefetchHandle
 
 _host_gather.set_error_classes(EngramError, NotAttachedError)
 count_outside = _host_gather.count_outside
+stream_capturing = _host_gather.stream_capturing
 IDS_ON_HOST, IDS_ON_DEVICE, IDS_IN_PLACE = 0, 1, 2
 CHUNK_BYTES = 4 << 20  # copies of this size run near the PCIe ceiling; smaller ones pipeline better
 MIN_SLOT_ROWS = 8192  # a decode-size call fits the first slot
@@ -41,13 +42,12 @@ def open_pool(threads: int) -> "_host_gather.GatherPool":
 
 
 class _Slot:
-    __slots__ = ("job", "staging", "event", "keep")
+    __slots__ = ("job", "staging", "keep")
 
     def __init__(self, pool, capacity: int, row_bytes: int, stream: torch.cuda.Stream, graph: bool):
         self.job = _host_gather.StagedJob(pool, capacity, row_bytes, graph)
         with torch.cuda.stream(stream):  # the prefetch stream owns it: reuse is stream-ordered
             self.staging = torch.empty(capacity * row_bytes, dtype=torch.uint8, device=stream.device)
-        self.event = torch.cuda.Event()
         self.keep = None  # a graph's host ids buffer, read at every replay
 
 
@@ -75,16 +75,20 @@ class HostPath:
         return rows
 
     # -- CUDA --------------------------------------------------------------------------------
-    def prefetch(self, table, flat: torch.Tensor, shape: tuple[int, ...], capturing: bool) -> PrefetchHandle:
+    def prefetch(self, table, flat: torch.Tensor, shape: tuple[int, ...], caller: int,
+                 capturing: bool) -> PrefetchHandle:
+        """Enqueue a lookup ordered after ``caller`` (the caller's raw CUDA stream).  Ids from the
+        host are range-checked on the way into pinned memory: a bad one raises before anything is
+        enqueued.  Host time matters here: only the output's allocation, two C calls and the
+        dequant launch happen per call."""
         n = flat.numel()
         on_host = flat.device.type == "cpu"
         if not on_host and flat.device != self.device:
             flat = flat.to(self.device, non_blocking=True)  # ids on another GPU
-        stream = self.stream
-        # GPU ids and `out`'s memory come from the caller's stream; under capture this also
-        # brings the prefetch stream into the graph before a slot is allocated on it.
-        stream.wait_stream(torch.cuda.current_stream(self.device))
         if capturing:
+            # The prefetch stream joins the capture first, so that the slot's device staging comes
+            # from the graph's memory pool and lives as long as the graph.
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
             slot = self._graph_slot(flat, n, on_host)
         else:
             slot = self._free_slot(n, table)
@@ -92,15 +96,17 @@ class HostPath:
             flat = flat.contiguous()
         out = torch.empty((n, self.head_dim), dtype=self.config.out_dtype, device=self.device)
         where = (IDS_IN_PLACE if capturing else IDS_ON_HOST) if on_host else IDS_ON_DEVICE
-        chunks = max(1, n * self.row_bytes // CHUNK_BYTES)
-        slot.job.enqueue(self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi, flat.data_ptr(),
-                         where, flat.dtype == torch.int64, n, slot.staging.data_ptr(), table.ledger.address, chunks)
-        self._dequant(slot.staging, out, n, stream, self._raw_stream)
-        slot.event.record(stream)
-        out.record_stream(stream)
+        bad = slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
+                               flat.data_ptr(), where, flat.dtype is torch.int64, n, slot.staging.data_ptr(),
+                               table.ledger.address, max(1, n * self.row_bytes // CHUNK_BYTES))
+        if bad:
+            raise IdsOutOfRangeError(f"{bad} of {n} ids are outside {table._describe()}; their rows were not read")
+        self._dequant(slot.staging, out, n, self.stream, self._raw_stream)
+        slot.job.finish(self._raw_stream)
+        out.record_stream(self.stream)
         if not on_host:
-            flat.record_stream(stream)
-        return PrefetchHandle(out, shape, table._describe(), event=slot.event, ledger=table.ledger,
+            flat.record_stream(self.stream)
+        return PrefetchHandle(out, shape, table._describe(), event=slot.job, ledger=table.ledger,
                               strict=self.config.strict_ids, timeout=self.config.wait_timeout)
 
     def _free_slot(self, n: int, table) -> _Slot:
@@ -135,7 +141,8 @@ class HostPath:
 
     def warm(self, table) -> None:
         """One lookup of one row, waited for: the first host function of a process costs ~0.3 ms."""
-        handle = self.prefetch(table, torch.tensor([table.row_lo], dtype=torch.int64), (1,), capturing=False)
+        caller = torch.cuda.current_stream(self.device).cuda_stream
+        handle = self.prefetch(table, torch.tensor([table.row_lo], dtype=torch.int64), (1,), caller, capturing=False)
         handle.wait()
         self.stream.synchronize()
 

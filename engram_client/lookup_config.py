@@ -17,28 +17,32 @@ import torch
 PATHS = ("auto", "host", "uva")
 STRATEGIES = ("auto", "dedup", "direct")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
-MAX_GATHER_THREADS = 8
+MAX_GATHER_THREADS = 16
 
 # How "auto" chooses, per call: the host path unless the UVA kernel is clearly faster.  The
-# figures are the H200 machine's (docs/BENCHMARKS.md): one gather thread copies 8-16 M random
-# rows/s and the host path adds ~40 us of fixed cost (host function, copies, dequant); the
-# UVA kernel reads ~50 M rows/s at prefill sizes after ~300 us of fixed cost at decode size, and
-# holds SMs all the while, so it must win by UVA_MARGIN to be chosen.
-HOST_ROWS_PER_S_PER_THREAD = 8e6
-HOST_FIXED_S = 40e-6
-UVA_ROWS_PER_S = 50e6
+# figures are the H200 machine's (docs/BENCHMARKS.md, 4 KiB host pages, fresh uniform ids): one
+# gather thread copies ~7 M random rows/s (393,216 rows: 6.8 ms on 8 threads, 4.0 ms on 16), and
+# a call costs ~100 us more (enqueueing, host function, last copy, dequant); the UVA kernel reads
+# ~47 M rows/s at prefill sizes after ~300 us at decode size, and holds SMs all the while, so it
+# must win by UVA_MARGIN to be chosen.  With the default pool (up to 16 threads) that never
+# happens on that machine; with one or two threads it does from a few thousand ids up.
+HOST_ROWS_PER_S_PER_THREAD = 7e6
+HOST_FIXED_S = 100e-6
+UVA_ROWS_PER_S = 47e6
 UVA_FIXED_S = 300e-6
 UVA_MARGIN = 2.0
 
 
 def default_gather_threads(device: torch.device | str = "cpu") -> int:
-    """The cores this process may use, shared by the ranks of the node (one per GPU), at most 8.
+    """This rank's share of the cores it may use (one rank per GPU), less one for the engine's
+    own thread, at most 16.
 
-    Gathers are latency-bound (rows in flight, not bandwidth, set the rate), so 8 threads get
-    most of what 16 do; more than the cores a rank really has stalls everyone."""
+    Gathers are latency-bound: more threads keep more rows in flight (on the H200 machine a
+    393,216-row gather took 6.8 ms on 8 threads, 4.0 ms on 16), but a pool larger than the
+    cores a rank really has stalls everyone (docs/BENCHMARKS.md)."""
     cpus = len(os.sched_getaffinity(0))
     gpus = torch.cuda.device_count() if torch.device(device).type == "cuda" else 1
-    return max(1, min(MAX_GATHER_THREADS, cpus // max(1, gpus)))
+    return max(1, min(MAX_GATHER_THREADS, cpus // max(1, gpus) - 1))
 
 
 @dataclass(frozen=True)

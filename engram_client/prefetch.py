@@ -70,8 +70,12 @@ class PrefetchHandle:
                 if self._strict:
                     self._error = exc
                 raise
-        if self._event is not None:
-            torch.cuda.current_stream(self._out.device).wait_event(self._event)
+        event = self._event
+        if event is not None:
+            if isinstance(event, torch.cuda.Event):
+                torch.cuda.current_stream(self._out.device).wait_event(event)
+            else:  # the host path's slot: its own CUDA event, joined in C
+                event.join(torch._C._cuda_getCurrentRawStream(self._out.device.index))
         return self._out.view(*self._shape, self._out.shape[-1])
 
     def _block_until_done(self, timeout: float) -> None:

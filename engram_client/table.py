@@ -18,7 +18,7 @@ import torch
 from .dequant import dequantize_rows
 from .errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
 from .hot_rows import HotRowCache
-from .host_lookup import HostPath, count_outside
+from .host_lookup import HostPath, count_outside, stream_capturing
 from .layout import LayerLayout
 from .lookup_config import LookupConfig
 from .out_of_range import OutOfRangeLedger
@@ -137,31 +137,38 @@ class EngramTable:
         self.ledger.raise_finished()
         shape = tuple(ids.shape)
         flat = ids.reshape(-1)
-        cuda = self.device.type == "cuda"
-        capturing = cuda and torch.cuda.is_current_stream_capturing()
-        if flat.device.type == "cpu" and not capturing:  # cheap here, and the caller hears of it at once
-            flat = flat.contiguous()
-            bad = count_outside(flat.data_ptr(), flat.dtype is torch.int64, flat.numel(), self.row_lo, self.row_hi)
-            if bad:
-                raise IdsOutOfRangeError(f"{bad} of {flat.numel()} ids are outside {self._describe()}; "
-                                         "their rows were not read")
-        if not cuda:
+        n = flat.numel()
+        if self.device.type == "cpu":
             return self._cpu_lookup(flat, shape)
-        if flat.numel() == 0:
+        if n == 0:
             return PrefetchHandle(torch.empty((0, self.head_dim), dtype=self.config.out_dtype, device=self.device),
                                   shape, self._describe())
+        caller = torch._C._cuda_getCurrentRawStream(self.device.index)
+        capturing = stream_capturing(caller)
         # A capture always takes the host path: the UVA path's sort and counters cannot be captured.
-        if capturing or self.config.choose_path(flat.numel()) == "host":
+        if capturing or self.config.choose_path(n) == "host":
             if self._host is None:
                 raise NotCapturableError("lookups inside a CUDA graph capture need the host path, and this table "
                                          "has no gather pool") if capturing else \
                     EngramError("lookup_path 'host' needs the client's gather pool; this table has none")
-            return self._host.prefetch(self, flat, shape, capturing)
+            return self._host.prefetch(self, flat, shape, caller, capturing)  # checks host ids itself
+        if flat.device.type == "cpu":
+            flat = self._checked_host_ids(flat)
         return uva_prefetch(self, flat, shape)
+
+    def _checked_host_ids(self, flat: torch.Tensor) -> torch.Tensor:
+        """Ids from the host, contiguous, counted there (cheaply): a bad one raises at once."""
+        flat = flat.contiguous()
+        bad = count_outside(flat.data_ptr(), flat.dtype is torch.int64, flat.numel(), self.row_lo, self.row_hi)
+        if bad:
+            raise IdsOutOfRangeError(f"{bad} of {flat.numel()} ids are outside {self._describe()}; "
+                                     "their rows were not read")
+        return flat
 
     def _cpu_lookup(self, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
         if flat.device.type != "cpu":
             raise EngramError(f"ids are on {flat.device} but this client's device is cpu")
+        flat = self._checked_host_ids(flat)
         if self._host is not None:
             rows = self._host.gather_rows(self, flat)
         else:

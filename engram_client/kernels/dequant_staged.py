@@ -86,12 +86,14 @@ class StagedDequant:
         compiled._init_handles()
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
         constants = self._constant_values if with_constants else ()
-        launch_metadata = compiled.launch_metadata
+        # Launch hooks (profilers) get their metadata; without any, skip building it per call.
+        hooked = getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "launch_enter_hook", None)
+        launch_metadata = compiled.launch_metadata if hooked is not None else None
 
         def runner(staging: torch.Tensor, out: torch.Tensor, n: int, stream: int) -> None:
-            grid = triton.cdiv(n, BLOCK_ROWS)
-            run(grid, 1, 1, stream, function, packed, launch_metadata((grid, 1, 1), stream, staging, out, n),
-                None, None, staging, out, n, *constants)
+            grid = (n + BLOCK_ROWS - 1) // BLOCK_ROWS
+            metadata = launch_metadata((grid, 1, 1), stream, staging, out, n) if launch_metadata else None
+            run(grid, 1, 1, stream, function, packed, metadata, None, None, staging, out, n, *constants)
         return runner
 
     def __call__(self, staging: torch.Tensor, out: torch.Tensor, n: int, stream: torch.cuda.Stream,
