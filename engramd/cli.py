@@ -251,9 +251,10 @@ def keys(directory) -> None:
 @click.option("--hot-cache-gib", default=1.0, show_default=True, type=float,
               help="Also time the default path with a hot-row cache of this size (0: skip).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
+@click.option("--markdown", is_flag=True, help="Also print the tables as docs/BENCHMARKS.md records them.")
 def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, hot_cache_gib,
-          json_path) -> None:
-    """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
+          json_path, markdown) -> None:
+    """Lookup speed on the GPU: plain copy vs naive index_select vs both lookup paths (needs CUDA)."""
     import torch
 
     from .bench import main as run, print_table
@@ -267,6 +268,10 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
     results = run(endpoint, table_gib, iterations, [s for s in strategies.split(",") if s], load_threads,
                   overlap_steps, caps, hot_cache_gib)
     print_table(results)
+    if markdown:
+        from .bench_markdown import markdown as as_markdown
+
+        print(as_markdown(results))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
