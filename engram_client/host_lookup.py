@@ -19,6 +19,7 @@ On ``device="cpu"`` the same pool gathers into a CPU buffer, GIL released, and t
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -57,6 +58,7 @@ class HostPath:
         self.stream, self.config = stream, config
         self._slots: list[_Slot] = []
         self._graph_slots: list[_Slot] = []
+        self._lock = threading.Lock()  # two threads prefetching on one table must not take one slot
         self._dequant = None
         if stream is not None:
             from .kernels.dequant_staged import StagedDequant
@@ -85,24 +87,26 @@ class HostPath:
         on_host = flat.device.type == "cpu"
         if not on_host and flat.device != self.device:
             flat = flat.to(self.device, non_blocking=True)  # ids on another GPU
-        if capturing:
-            # The prefetch stream joins the capture first, so that the slot's device staging comes
-            # from the graph's memory pool and lives as long as the graph.
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            slot = self._graph_slot(flat, n, on_host)
-        else:
-            slot = self._free_slot(n, table)
         if not (capturing and on_host):  # a captured host buffer is read in place at every replay
             flat = flat.contiguous()
         out = torch.empty((n, self.head_dim), dtype=self.config.out_dtype, device=self.device)
         where = (IDS_IN_PLACE if capturing else IDS_ON_HOST) if on_host else IDS_ON_DEVICE
-        bad = slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
-                               flat.data_ptr(), where, flat.dtype is torch.int64, n, slot.staging.data_ptr(),
-                               table.ledger.address, max(1, n * self.row_bytes // CHUNK_BYTES))
-        if bad:
-            raise IdsOutOfRangeError(f"{bad} of {n} ids are outside {table._describe()}; their rows were not read")
-        self._dequant(slot.staging, out, n, self.stream, self._raw_stream)
-        slot.job.finish(self._raw_stream)
+        with self._lock:
+            if capturing:
+                # The prefetch stream joins the capture first, so that the slot's device staging
+                # comes from the graph's memory pool and lives as long as the graph.
+                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+                slot = self._graph_slot(flat, n, on_host)
+            else:
+                slot = self._free_slot(n, table)
+            bad = slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
+                                   flat.data_ptr(), where, flat.dtype is torch.int64, n, slot.staging.data_ptr(),
+                                   table.ledger.address, max(1, n * self.row_bytes // CHUNK_BYTES))
+            if bad:
+                raise IdsOutOfRangeError(f"{bad} of {n} ids are outside {table._describe()}; "
+                                         "their rows were not read")
+            self._dequant(slot.staging, out, n, self.stream, self._raw_stream)
+            slot.job.finish(self._raw_stream)
         out.record_stream(self.stream)
         if not on_host:
             flat.record_stream(self.stream)

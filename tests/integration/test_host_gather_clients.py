@@ -10,7 +10,6 @@ import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError, NotAttachedError
 from engram_client.demo_rows import demo_rows
-from engram_client.lookup_config import LookupConfig, default_gather_threads
 from exactness import assert_bf16_exact
 
 
@@ -77,16 +76,3 @@ def test_bad_lookup_options_are_refused_before_attaching(demo_daemon, options, m
         EngramClient(endpoint=demo_daemon.endpoint, device="cpu", **options)
     assert demo_daemon.status()["clients"] == [], "a refused client must not hold a lease"
 
-
-def test_lookup_config_defaults_and_the_auto_rule():
-    assert 1 <= default_gather_threads() <= 16
-    config = LookupConfig(gather_threads=8)
-    assert [config.choose_path(n) for n in (6144, 49152, 393216)] == ["host"] * 3
-    one = LookupConfig(gather_threads=1)
-    assert one.choose_path(2000) == "host" and one.choose_path(393216) == "uva"
-    assert LookupConfig(path="uva").choose_path(10) == "uva"
-    assert LookupConfig(hot_cache_bytes=1 << 20).choose_path(10) == "uva"
-    with pytest.raises(ValueError, match="hot-row cache serves the UVA kernel"):
-        LookupConfig(path="host", hot_cache_bytes=1 << 20)
-    with pytest.raises(Exception):
-        config.path = "uva"  # frozen: one config, shared by every table of a client
