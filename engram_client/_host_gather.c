@@ -22,6 +22,7 @@
  * parent's pool (the threads are not there) and says so.  A StagedJob still in flight, or held by a
  * captured graph, when it is dropped is leaked rather than freed under a host function.
  */
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -109,6 +110,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
             PyErr_Format(err_class(), "could not start gather thread %d of %d", i + 1, threads);
             return -1;
         }
+        pthread_setname_np(pool->threads[i], "engram-gather");  /* how tests and operators count them */
         pool->nthreads = i + 1;
     }
     pool->started = 1;

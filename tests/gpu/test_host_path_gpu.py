@@ -4,6 +4,8 @@ Both paths are checked against the independent numpy reference; graph tests capt
 prefetch, then replay it with new ids written into the same input buffer."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -131,3 +133,28 @@ def test_several_clients_in_one_process_share_nothing_but_the_table(demo_daemon)
     finally:
         for client in clients:
             client.close()
+
+
+def test_threads_prefetching_on_one_table_never_share_a_staging_slot(demo_daemon):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path="host") as client:
+        table = client.table(14)
+        failures: list[BaseException] = []
+
+        def caller(seed: int) -> None:
+            try:
+                rng = np.random.default_rng(seed)
+                for _ in range(20):
+                    ids = rng.integers(0, table.num_rows, 4096)
+                    out = table.prefetch(torch.from_numpy(ids).cuda()).wait()
+                    torch.cuda.current_stream().synchronize()
+                    assert_bf16_exact(out, *demo_rows(0, 14, ids, 256))
+            except BaseException as exc:  # reported by the main thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not failures, failures
+

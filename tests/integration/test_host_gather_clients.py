@@ -76,3 +76,14 @@ def test_bad_lookup_options_are_refused_before_attaching(demo_daemon, options, m
         EngramClient(endpoint=demo_daemon.endpoint, device="cpu", **options)
     assert demo_daemon.status()["clients"] == [], "a refused client must not hold a lease"
 
+
+def test_non_contiguous_and_int32_ids_gather_the_rows_they_name(demo_daemon):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cpu", gather_threads=2) as client:
+        table = client.table(1)
+        ids = np.random.default_rng(9).integers(0, table.num_rows, (40, 24))
+        strided = torch.from_numpy(ids).to(torch.int32)[:, ::3]  # a view: every third head
+        assert not strided.is_contiguous()
+        out = table.lookup(strided)
+        assert out.shape == (40, 8, 256)
+        assert_bf16_exact(out, *demo_rows(0, 1, ids[:, ::3].reshape(-1), 256))
+

@@ -93,22 +93,29 @@ def test_bad_arguments_raise_clearly(table):
 
 
 def test_close_is_idempotent_and_garbage_collection_joins_the_threads(table):
-    before = threading_count()
+    before = gather_threads()
     pool = open_pool(6)
-    assert threading_count() == before + 5  # the caller is the sixth gatherer
+    assert gather_threads() == before + 5  # the caller is the sixth gatherer
     gather(pool, table, np.arange(100))
     pool.close()
     pool.close()
-    assert pool.closed and threading_count() == before
+    assert pool.closed and gather_threads() == before
     pool = open_pool(4)
-    assert threading_count() == before + 3
+    assert gather_threads() == before + 3
     del pool  # no close: deallocation stops and joins the workers
-    assert threading_count() == before
+    assert gather_threads() == before
 
 
-def threading_count() -> int:
-    """OS threads of this process (the pool's workers are not Python threads)."""
-    return len(os.listdir(f"/proc/{os.getpid()}/task"))
+def gather_threads() -> int:
+    """The pools' worker threads alive in this process (OS threads named engram-gather)."""
+    count = 0
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/comm") as f:
+                count += f.read().strip() == "engram-gather"
+        except FileNotFoundError:  # a thread that ended while we looked
+            pass
+    return count
 
 
 CHILD = textwrap.dedent("""
