@@ -43,6 +43,7 @@ class EngramTable:
     ledger: OutOfRangeLedger = field(init=False, repr=False)
     _host: HostPath | None = field(default=None, init=False, repr=False)
     _zero_count: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _description: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, LookupConfig):
@@ -96,14 +97,19 @@ class EngramTable:
         return self.row_lo, self.row_hi
 
     def _describe(self) -> str:
-        whole = (self.row_lo, self.row_hi) == (0, self.num_rows)
-        return f"layer {self.layer}'s rows [{self.row_lo}, {self.row_hi})" + ("" if whole else " (registered range)")
+        """The rows as errors name them (cached: every prefetch hands it to its handle)."""
+        if self._description is None:
+            whole = (self.row_lo, self.row_hi) == (0, self.num_rows)
+            self._description = f"layer {self.layer}'s rows [{self.row_lo}, {self.row_hi})" + \
+                ("" if whole else " (registered range)")
+        return self._description
 
     def _swap(self, layout: LayerLayout, rows_view: torch.Tensor, row_lo: int, row_hi: int,
               host_rows: torch.Tensor | None = None) -> None:
         """Serve another generation's rows from now on (the client has drained the stream)."""
         same_rows = (layout.head_dim, layout.row_bytes) == (self.layout.head_dim, self.layout.row_bytes)
         self.layout, self.rows_view, self.row_lo, self.row_hi = layout, rows_view, row_lo, row_hi
+        self._description = None
         self.host_rows = host_rows if host_rows is not None or rows_view.device.type != "cpu" else rows_view
         if self._host is not None and not same_rows:
             self._host = HostPath(self.pool, self.head_dim, layout.row_bytes, self.device, self.stream, self.config)
