@@ -136,7 +136,8 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&pool->lock);
         Job *job = NULL;
         while (!atomic_load(&pool->stop) && !(job = job_with_work(pool))) {
-            if (now_ns() < atomic_load(&pool->spin_until)) break;  /* woken early for a job on its way */
+            int64_t now = now_ns();
+            if (now < idle_until || now < atomic_load(&pool->spin_until)) break;  /* keep polling, awake */
             pool->sleepers++;
             pthread_cond_wait(&pool->wake, &pool->lock);
             pool->sleepers--;
@@ -147,7 +148,6 @@ static void *worker_main(void *arg) {
         }
         if (job == NULL) {
             pthread_mutex_unlock(&pool->lock);
-            idle_until = 0;
             continue;
         }
         atomic_fetch_add(&job->users, 1);

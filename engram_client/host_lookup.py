@@ -6,10 +6,10 @@ functions that gather the rows on the client's pool into pinned staging, chunk b
 chunk's copy to device staging; then the staged-row dequant kernel and the slot's event.  No
 SM waits on PCIe, and the caller's thread never blocks.
 
-Staging slots (pinned ids and rows, device rows, the lookup's CUDA events) are reused: a call takes the first
-slot whose last run has finished (a flag the host function clears: no CUDA query), growing it
-if the call is larger, or adds one, up to MAX_SLOTS; beyond that it waits, bounded.  Device
-staging belongs to the prefetch stream, so reusing it is ordered by the stream itself.
+Staging slots (pinned ids and rows, device rows, the lookup's CUDA events) are reused: a call
+takes the first slot whose last run has finished (a flag the host function clears: no CUDA
+query), growing it if the call is larger, or adds one, up to MAX_SLOTS; beyond that it waits,
+bounded.  Device staging belongs to the prefetch stream, so reusing it is stream-ordered.
 
 Under CUDA graph capture the same calls record graph nodes on a slot of its own, kept for the
 client's life: every replay gathers the ids then in the captured input buffer.  On close such
@@ -118,8 +118,8 @@ class HostPath:
         while True:
             for index, slot in enumerate(self._slots):
                 if not slot.job.in_flight:
-                    if slot.job.capacity < n:
-                        slot = self._slots[index] = self._new_slot(n, graph=False)
+                    if slot.job.capacity < n:  # grown with headroom: call sizes vary a little
+                        slot = self._slots[index] = self._new_slot(max(n, slot.job.capacity * 5 // 4), graph=False)
                     return slot
             if len(self._slots) < MAX_SLOTS:
                 self._slots.append(self._new_slot(max(n, MIN_SLOT_ROWS), graph=False))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+import torch
 
 from .errors import IdsOutOfRangeError
 
@@ -36,7 +37,8 @@ class OutOfRangeLedger:
         total = int(self.counter[0])
         new = total - self._reported
         watched = self._watched
-        while watched and watched[0][0].query():
+        # Querying an event inside a capture would invalidate the graph: those wait for an eager call.
+        while watched and not _capturing() and watched[0][0].query():
             new += int(watched.popleft()[1][0])
         if new:
             self._reported = total
@@ -47,3 +49,7 @@ class OutOfRangeLedger:
         """Forget what is watched (the client is closing or moving to another generation)."""
         self._watched.clear()
         self._reported = int(self.counter[0])
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
