@@ -53,7 +53,7 @@ class LookupConfig:
     # "uva": the Triton kernel reads rows over PCIe itself.  "auto": choose_path, per call.
     path: str = "auto"
     # UVA path only.  "dedup": sort the ids, fetch each distinct row once in address order;
-    # "direct": fetch every id as given; "auto": dedup from DEDUP_MIN_ROWS ids up (table.py).
+    # "direct": fetch every id as given; "auto": dedup from DEDUP_MIN_ROWS ids up (uva_lookup.py).
     strategy: str = "auto"
     # UVA path: cap on the kernels' programs, so a prefetch leaves most SMs to the model; None:
     # one program per block of ids.  Ids per block and warps per program (benchmarks/lookup_grid.py).

@@ -23,7 +23,7 @@ from .layout import LayerLayout
 from .lookup_config import LookupConfig
 from .out_of_range import OutOfRangeLedger
 from .prefetch import PrefetchHandle
-from .uva_lookup import DEDUP_MIN_ROWS, refresh_hot_rows, uva_prefetch  # noqa: F401 (DEDUP_MIN_ROWS re-exported)
+from .uva_lookup import refresh_hot_rows, uva_prefetch
 
 
 @dataclass
