@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.common import write_json
 from engram_client import EngramClient
-from engramd.bench import start_daemon
+from engram_client.tools.bench import start_daemon
 
 
 def _median_us(samples: list[float]) -> float:

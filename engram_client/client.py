@@ -18,22 +18,23 @@ import logging
 import os
 import socket
 import threading
-import time
 import weakref
 from typing import Any
 
 import torch
 
+from .client_state import ClientState, same_file
 from .connection import DaemonConnection
-from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
-                     NotAttachedError, NotReadyError, UnknownClientError)
+from .core.errors import CudaRegistrationError, NotAttachedError
+from .core.protocol import READY
 from .hot_rows import HotRowCache
-from .generation_map import MappedGeneration
 from .lookup_config import LookupConfig, default_gather_threads
+from .mapped_generation import MappedGeneration
+from .readiness import wait_ready
 from .table import EngramTable
+from .token_rows import hasher_for, prefetch_tokens
 
 log = logging.getLogger("engram_client")
-STATUS_POLL_S = 0.1
 
 
 def default_max_programs(device: torch.device) -> int:
@@ -41,126 +42,6 @@ def default_max_programs(device: torch.device) -> int:
     uncapped grid, while a matmul loop beside it slows 28% instead of 120% (fewer programs slow
     the lookups and barely help the loop: docs/BENCHMARKS.md)."""
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
-
-
-class _Attachment:
-    """Everything a client holds, apart from the client object, so a finalizer can release it."""
-
-    def __init__(self, connection: DaemonConnection):
-        self.connection = connection
-        self.mapped: MappedGeneration | None = None
-        self.tables: dict[int, EngramTable] = {}
-        self.stream = None
-        self.pool = None  # the gather threads of the host path and of CPU lookups
-        self.stop = threading.Event()
-        self.heartbeat_thread: threading.Thread | None = None
-        self.boot_id: str | None = None
-        self.lease_lost = False
-        self.refresh_pending = False  # the daemon serves another generation than the one mapped
-        self.attach_args: dict[str, Any] = {}
-        self.lock = threading.RLock()  # refresh vs heartbeat re-attach
-
-    @property
-    def client_id(self) -> str | None:
-        return self.mapped.lease_id if self.mapped is not None else None
-
-    def heartbeat_loop(self, interval: float) -> None:
-        while not self.stop.wait(interval):
-            try:
-                reply = self.connection.request("heartbeat", {"client_id": self.client_id}, timeout=interval)
-                self.lease_lost = False
-            except UnknownClientError:
-                self._reattach()
-            except EngramError as exc:
-                if not self.lease_lost:
-                    log.warning("heartbeat to engramd failed: %s", exc)
-                self.lease_lost = True
-            else:
-                if reply.get("boot_id") != self.boot_id:
-                    self._reattach()
-                elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
-                    self.refresh_pending = True
-
-    def _reattach(self) -> None:
-        """The daemon does not know our lease (it expired, or a new daemon runs): attach again.
-        The new lease is on whatever the daemon serves now; if that is not the table we map,
-        we keep serving from ours and flag a refresh."""
-        with self.lock:
-            try:
-                reply = self.connection.request("attach", self.attach_args, timeout=2.0)
-            except EngramError as exc:
-                self.lease_lost = True
-                log.warning("could not re-attach to engramd: %s", exc)
-                return
-            mapped = self.mapped
-            self.boot_id, self.lease_lost = reply["boot_id"], False
-            if mapped is None:
-                return
-            mapped.lease_id = reply["client_id"]
-            if (reply["table_path"], reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or \
-                    not _same_file(reply["table_path"], mapped):
-                self.refresh_pending = True
-            else:
-                mapped.generation = reply["generation"]
-            log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
-                     "; a refresh is pending" if self.refresh_pending else "")
-
-    def detach_quietly(self, lease_id: str) -> None:
-        """Release a lease; if the daemon is gone or already dropped it, it expires by itself."""
-        try:
-            self.connection.request("detach", {"client_id": lease_id}, timeout=1.0)
-        except EngramError:
-            pass
-
-    def release(self) -> None:
-        self.stop.set()
-        if self.heartbeat_thread is not None and self.heartbeat_thread is not threading.current_thread():
-            self.heartbeat_thread.join(timeout=5.0)
-        with self.lock:
-            if self.mapped is not None:
-                self.detach_quietly(self.mapped.lease_id)
-                if self.stream is not None:
-                    self.stream.synchronize()
-                for table in self.tables.values():
-                    table._retire("client is closed")  # a table kept past close must not read unmapped rows
-                self.tables.clear()
-                self.mapped.release()
-                self.mapped = None
-            if self.pool is not None:
-                self.pool.close()
-            self.connection.close()
-
-
-def _same_file(path: str, mapped: MappedGeneration) -> bool:
-    """Whether ``path`` is still the file we mapped (a restarted daemon may reuse the name)."""
-    if mapped.mapping is None:
-        return False
-    try:
-        return os.stat(path).st_ino == mapped.mapping.inode
-    except OSError:
-        return False
-
-
-def _wait_until_ready(connection: DaemonConnection, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            last = connection.request("status", timeout=max(0.1, min(2.0, remaining)))
-        except DaemonUnavailableError:
-            last = last if isinstance(last, dict) else None
-        if last is not None:
-            if last.get("state") == "ready":
-                return last
-            if last.get("state") == "failed":
-                raise NotReadyError(f"engramd at {connection.endpoint} failed to load its table: {last.get('error')}")
-        if time.monotonic() >= deadline:
-            detail = "no answer" if last is None else f"state {last.get('state')}, loaded " \
-                f"{last['load']['done_bytes']}/{last['load']['total_bytes']} bytes"
-            raise EngramTimeoutError(f"waited {timeout:.1f} s for engramd at {connection.endpoint} "
-                                     f"to have a ready table ({detail})")
-        time.sleep(STATUS_POLL_S)
 
 
 class EngramClient:
@@ -180,7 +61,7 @@ class EngramClient:
                                        else torch.cuda.current_device())
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
-        self._state = _Attachment(DaemonConnection(endpoint))
+        self._state = ClientState(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
@@ -201,7 +82,7 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
-        _wait_until_ready(state.connection, timeout)
+        wait_ready(state.connection, timeout, min_request_timeout=0.1)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
                              "device": str(self.device)}
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
@@ -218,6 +99,7 @@ class EngramClient:
             state.pool = open_pool(self.lookup_config.gather_threads)
         for layer, lv in state.mapped.layers.items():
             state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
+        state.hasher = hasher_for(state.mapped)
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)
             state.heartbeat_thread = threading.Thread(target=state.heartbeat_loop, args=(interval,),
@@ -262,13 +144,18 @@ class EngramClient:
             if old is None:
                 raise NotAttachedError("client is closed")
             status = state.connection.request("status", timeout=5.0)
-            if status["state"] != "ready" or (status["generation"], status["fingerprint"], status["table_path"]) == \
-                    (old.generation, old.fingerprint, old.path) and _same_file(old.path, old):
+            if status["state"] != READY or (status["generation"], status["fingerprint"], status["table_path"]) == \
+                    (old.generation, old.fingerprint, old.path) and same_file(old.path, old):
                 state.refresh_pending = False
                 return False
             reply = state.connection.request("attach", state.attach_args, timeout=10.0)
             try:
                 new = MappedGeneration.open(reply, self.device, self._row_ranges)
+                try:
+                    new_hasher = hasher_for(new)
+                except BaseException:
+                    new.release()
+                    raise
             except BaseException:
                 self._state.detach_quietly(reply["client_id"])
                 raise
@@ -284,6 +171,7 @@ class EngramClient:
                 else:
                     state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
+            state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id)
             old.release()
             log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
@@ -313,6 +201,17 @@ class EngramClient:
         if layer not in tables:
             raise KeyError(f"layer {layer} is not in this table (layers {self.layers})")
         return tables[layer]
+
+    @property
+    def hasher(self):
+        """Token ids -> row ids for this table (engram_client.hashing); where the table has no token
+        map, an object whose every use raises HasherUnavailableError saying why."""
+        return self._state.hasher
+
+    def prefetch_tokens(self, token_ids: torch.Tensor, seq_starts=None, history: torch.Tensor | None = None):
+        """Hash ``token_ids`` (packed sequences starting at ``seq_starts``) and start every layer's
+        lookup; returns {layer: handle}, each handle's output [tokens, heads, head_dim]."""
+        return prefetch_tokens(self._state.hasher, self._state.tables, token_ids, seq_starts, history)
 
     @property
     def client_id(self) -> str | None:

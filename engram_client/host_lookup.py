@@ -25,7 +25,7 @@ import time
 import torch
 
 from . import _host_gather
-from .errors import EngramError, EngramTimeoutError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
+from .core.errors import EngramError, EngramTimeoutError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
 from .prefetch import PrefetchHandle
 
 _host_gather.set_error_classes(EngramError, NotAttachedError)

@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from .errors import IdsOutOfRangeError
+from .core.errors import IdsOutOfRangeError
 
 
 class OutOfRangeLedger:

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from .errors import EngramTimeoutError, IdsOutOfRangeError
+from .core.errors import EngramTimeoutError, IdsOutOfRangeError
 
 # How strict mode waits for a lookup: polling the event without sleeping
 # for the first SPIN_S (decode-size lookups end within it, and each sleep costs tens of

@@ -16,10 +16,10 @@ from typing import Callable
 import torch
 
 from .dequant import dequantize_rows
-from .errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
+from .core.errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
+from .core.layout import LayerLayout
 from .hot_rows import HotRowCache
 from .host_lookup import HostPath, count_outside, stream_capturing
-from .layout import LayerLayout
 from .lookup_config import LookupConfig
 from .out_of_range import OutOfRangeLedger
 from .prefetch import PrefetchHandle

@@ -14,9 +14,12 @@ import time
 import click
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError, EngramError
+from engram_client.core.errors import DaemonUnavailableError, EngramError, EngramTimeoutError, NotReadyError
+from engram_client.core.protocol import READY
+from engram_client.readiness import wait_ready
 
 from . import __version__
+from .status_text import human_bytes, print_status
 
 EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 3
 
@@ -26,8 +29,12 @@ def _fail(message: str, code: int = 1):
     sys.exit(code)
 
 
-def _human_bytes(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+def _require_client_extra(command: str) -> None:
+    """The rank-side commands need torch, which a daemon-only install does not carry."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        _fail(f"engramd {command} needs torch: install the client extra (pip install 'engramd[client]')")
 
 
 socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
@@ -38,33 +45,6 @@ socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDP
 @click.version_option(__version__, prog_name="engramd")
 def main() -> None:
     """engramd: one Engram table per node, in /dev/shm, shared by every rank."""
-
-
-def _print_status(status: dict) -> None:
-    from .progress import render
-
-    click.echo(f"state       {status['state']}" + (f"  ({status['error']})" if status.get("error") else ""))
-    click.echo(f"generation  {status['generation']}   boot {status['boot_id']}   pid {status.get('pid')}")
-    click.echo(f"checkpoint  {status['checkpoint']}")
-    click.echo(f"table       {_human_bytes(status['table_bytes'])}  {status.get('table_path') or ''}")
-    for layer in status["layers"]:
-        click.echo(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
-                   f"{len(layer['head_sizes'])} heads")
-    if status["state"] == "loading":
-        click.echo("  " + render(status["load"]["done_bytes"], status["load"]["total_bytes"]))
-    reload = status.get("reload")
-    if reload:
-        line = f"reload      generation {reload['generation']} from {reload['checkpoint']}: {reload['state']}"
-        if reload["state"] == "loading":
-            line += "  " + render(reload["load"]["done_bytes"], reload["load"]["total_bytes"])
-        click.echo(line + (f"  ({reload['error']})" if reload.get("error") else ""))
-    if status.get("numa_node") is not None:
-        click.echo(f"numa node   {status['numa_node']}")
-    click.echo(f"clients     {len(status['clients'])}")
-    for client in status["clients"]:
-        attached = time.strftime("%H:%M:%S", time.localtime(client["attached_at"]))
-        click.echo(f"  {client['id']:<14} pid {client['pid']:<8} {client['device']:<8} rank {client['rank']}  "
-                   f"attached {attached}")
 
 
 @main.command()
@@ -80,28 +60,23 @@ def status(endpoint, as_json, curve_keys_dir, wait_s) -> None:
         connection = DaemonConnection(endpoint, curve_keys_dir=curve_keys_dir)
     except EngramError as exc:
         _fail(str(exc))
-    deadline = time.monotonic() + wait_s
     try:
-        while True:
-            try:
-                reply = connection.request("status", timeout=max(0.5, min(2.0, deadline - time.monotonic())))
-            except DaemonUnavailableError as exc:
-                reply, unreachable = None, exc
-            except EngramError as exc:
-                _fail(str(exc))
-            # A failed load never becomes ready by itself: no point waiting out --wait.
-            if (reply is not None and reply["state"] in ("ready", "failed")) or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
+        reply = wait_ready(connection, wait_s)
+    except (NotReadyError, EngramTimeoutError) as exc:  # a failed load, or --wait ran out: report the last state
+        if not hasattr(exc, "status"):
+            _fail(str(exc))
+        if exc.unavailable is not None or exc.status is None:
+            _fail(str(exc.unavailable or exc), EXIT_UNREACHABLE)
+        reply = exc.status
+    except EngramError as exc:
+        _fail(str(exc))
     finally:
         connection.close()
-    if reply is None:
-        _fail(str(unreachable), EXIT_UNREACHABLE)
     if as_json:
         click.echo(json.dumps(reply, indent=2, sort_keys=True))
     else:
-        _print_status(reply)
-    sys.exit(0 if reply["state"] == "ready" else EXIT_NOT_READY)
+        print_status(reply)
+    sys.exit(0 if reply["state"] == READY else EXIT_NOT_READY)
 
 
 @main.command()
@@ -139,19 +114,14 @@ def reload(endpoint, checkpoint, wait_s) -> None:
     try:
         started = connection.request("reload", {"checkpoint": os.path.abspath(checkpoint) if checkpoint else None})
         click.echo(f"loading generation {started['generation']} from {started['checkpoint']}")
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            status = connection.request("status", timeout=5.0)
-            pending = status["reload"]
-            if status["generation"] == started["generation"] and status["state"] == "ready":
-                click.echo(f"generation {started['generation']} is served")
-                return
-            if (pending and pending["generation"] == started["generation"] and pending["state"] == "failed") or \
-                    (status["generation"] == started["generation"] and status["state"] == "failed"):
-                _fail(f"generation {started['generation']} failed: {(pending or status)['error']}")
-            time.sleep(0.2)
         if wait_s:
-            _fail(f"generation {started['generation']} was not served within {wait_s:.0f} s")
+            try:
+                wait_ready(connection, wait_s, generation=started["generation"])
+            except EngramTimeoutError as exc:
+                if exc.unavailable is not None:
+                    raise exc.unavailable from exc
+                _fail(f"generation {started['generation']} was not served within {wait_s:.0f} s")
+            click.echo(f"generation {started['generation']} is served")
     except EngramError as exc:
         _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
     finally:
@@ -163,7 +133,7 @@ def reload(endpoint, checkpoint, wait_s) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def inspect(checkpoint, as_json) -> None:
     """Layout and table size of a checkpoint, from its headers alone."""
-    from engram_client.table_file import TableHeader
+    from engram_client.core.table_file import TableHeader
 
     from .checkpoint import read_checkpoint
 
@@ -178,7 +148,7 @@ def inspect(checkpoint, as_json) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(f"checkpoint  {plan.directory}")
-    click.echo(f"table       {_human_bytes(header.total_bytes)} ({header.total_bytes} bytes)")
+    click.echo(f"table       {human_bytes(header.total_bytes)} ({header.total_bytes} bytes)")
     for layout in plan.layouts:
         click.echo(f"  layer {layout.layer:>3}: {layout.rows} rows x {layout.head_dim} "
                    f"(+{layout.scale_cols} scale bytes), {len(layout.head_sizes)} heads")
@@ -201,12 +171,15 @@ def _int_list(_ctx, _param, value: str) -> list[int]:
 @click.option("--head-dim", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--shards", default=1, show_default=True, type=int)
-def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) -> None:
+@click.option("--tokenizer-vocab", default=0, show_default=True, type=int,
+              help="Also write a synthetic tokenizer.json of this many ids (0: none), for hashing tokens.")
+def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards, tokenizer_vocab) -> None:
     """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout."""
     from .synth import write_checkpoint
 
     try:
-        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
+        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards,
+                                  tokenizer_vocab=tokenizer_vocab)
     except EngramError as exc:
         _fail(str(exc))
     except OSError as exc:
@@ -221,7 +194,8 @@ def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) 
 @click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
 def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
     """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
-    from .demo_job import run_demo
+    _require_client_extra("demo")
+    from engram_client.tools.demo_job import run_demo
 
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
 
@@ -255,9 +229,10 @@ def keys(directory) -> None:
 def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, hot_cache_gib,
           json_path, markdown) -> None:
     """Lookup speed on the GPU: plain copy vs naive index_select vs both lookup paths (needs CUDA)."""
+    _require_client_extra("bench")
     import torch
 
-    from .bench import main as run, print_table
+    from engram_client.tools.bench import main as run, print_table
 
     if not torch.cuda.is_available():
         _fail("engramd bench needs a CUDA device")
@@ -269,7 +244,7 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
                   overlap_steps, caps, hot_cache_gib)
     print_table(results)
     if markdown:
-        from .bench_markdown import markdown as as_markdown
+        from engram_client.tools.bench_markdown import markdown as as_markdown
 
         print(as_markdown(results))
     if json_path:

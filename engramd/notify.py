@@ -11,6 +11,8 @@ import os
 import socket
 import time
 
+from engram_client.core.protocol import FAILED, READY, STOPPING
+
 log = logging.getLogger("engramd.notify")
 
 
@@ -35,15 +37,15 @@ class SystemdNotifier:
             log.warning("could not notify systemd at %s: %s", self.address, exc)
 
     def state(self, state: str, generation: int, error: str | None = None) -> None:
-        if state == "ready":
+        if state == READY:
             fields = [f"STATUS=ready: generation {generation}"]
             if not self._ready_sent:
                 fields.insert(0, "READY=1")
                 self._ready_sent = True
             self.send(*fields)
-        elif state == "failed":
+        elif state == FAILED:
             self.send(f"STATUS=load failed: {error}")
-        elif state == "stopping":
+        elif state == STOPPING:
             self.send("STOPPING=1", "STATUS=stopping")
 
     def progress(self, done: int, total: int) -> None:

@@ -24,8 +24,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from engram_client.errors import ShmSpaceError, TableFileError
-from engram_client.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
+from engram_client.core.errors import ShmSpaceError, TableFileError
+from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
 log = logging.getLogger("engramd.table_store")
 _TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)\.table(\.partial)?$")
@@ -189,6 +189,8 @@ class TableWriter:
             self.abandon()
             raise
         self.write(0, self.header.encode(STATE_WRITING))
+        if self.header.hashing is not None and self.header.hashing.token_map is not None:
+            self.write(self.header.hashing.map_offset, self.header.hashing.token_map.astype("<i4"))
 
     def write(self, offset: int, data) -> None:
         """Write a bytes-like object at ``offset`` (thread-safe: positional writes only)."""

@@ -2,12 +2,12 @@
 # Create .venv (once) with the project and its test tools. On CPU machines torch is pinned to
 # 2.13.0, whose CPU wheel is on local disk here; on GPU machines install the project into an
 # environment that already has CUDA torch, Triton and cuda-bindings (pip install -e '.[gpu,test]').
-# Installing compiles engram_client._host_gather (C, gcc); an existing .venv without it is refreshed.
+# Installing compiles the C extensions (gcc); an existing .venv that lacks one is refreshed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if .venv/bin/python -c "import engramd, engram_client._host_gather, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
+if .venv/bin/python -c "import engramd, engram_client, engram_client._host_gather, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   exit 0
 fi
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "engramd needs Python 3.11 or newer")'
 python3 -m venv .venv
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[client,synth,test]"  # also builds the C extensions in place

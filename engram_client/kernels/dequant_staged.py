@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import EngramError
+from ..core.errors import EngramError
 from .lookup import OUT_DTYPES, _fetch_rows
 
 log = logging.getLogger("engram_client")

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import EngramError
+from ..core.errors import EngramError
+from ..core.layout import QUANT_BLOCK, packed_row_bytes
 from ..lookup_config import LookupConfig
 
 DEFAULT_CONFIG = LookupConfig()
@@ -166,9 +167,9 @@ def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> N
         raise EngramError(f"out has shape {tuple(out.shape)}, expected ({ids.numel()}, {head_dim})")
     if bad_count.dtype != torch.int32 or bad_count.numel() != 1:
         raise EngramError("bad_count must be one int32")
-    if head_dim % 32 or head_dim & (head_dim - 1):
+    if head_dim % QUANT_BLOCK or head_dim & (head_dim - 1):
         raise EngramError(f"head_dim {head_dim} must be a power of two and a multiple of 32 for this kernel")
-    if row_bytes != head_dim + head_dim // 32:
+    if row_bytes != packed_row_bytes(head_dim):
         raise EngramError(f"row_bytes {row_bytes} does not match head_dim {head_dim} packed with its scales")
 
 

@@ -1,3 +1,4 @@
+"""The reload operation: load the next generation beside the served one."""
 from __future__ import annotations
 
 from .args import arg

@@ -1,3 +1,4 @@
+"""The status operation: the daemon's whole state, answered in every state."""
 from __future__ import annotations
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError, NotAttachedError
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from engram_client.host_lookup import MAX_SLOTS
 from exactness import assert_bf16_exact, assert_float32_exact
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact, assert_float32_exact
 
 pytestmark = pytest.mark.gpu
@@ -106,7 +106,7 @@ RANK = textwrap.dedent("""
     import os, sys, numpy as np, torch
     sys.path.insert(0, sys.argv[4])
     from engram_client import EngramClient
-    from engram_client.demo_rows import demo_rows
+    from engram_client.core.demo_rows import demo_rows
     from exactness import assert_bf16_exact
     client = EngramClient(endpoint=sys.argv[1], device=sys.argv[2], rank=int(sys.argv[3]))
     for layer in client.layers:

@@ -21,9 +21,9 @@ import torch
 from click.testing import CliRunner
 
 from engram_client import EngramClient
-from engram_client.demo_rows import demo_rows
-from engram_client.layout import EngramConfig, build_layout
-from engram_client.table_file import TableHeader
+from engram_client.core.demo_rows import demo_rows
+from engram_client.core.layout import EngramConfig, build_layout
+from engram_client.core.table_file import TableHeader
 from engramd.checkpoint import read_checkpoint
 from engramd.cli import main
 from engramd.synth import synth_config, write_checkpoint

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from engram_client.errors import DaemonUnavailableError
-from engram_client.table_file import read_header
+from engram_client.core.errors import DaemonUnavailableError
+from engram_client.core.table_file import read_header
 from engramd.synth import write_checkpoint
 
 

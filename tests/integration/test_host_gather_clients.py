@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError, NotAttachedError
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact
 
 

@@ -1,7 +1,7 @@
 """`engramd bench --markdown`: the tables BENCHMARKS.md records, and the targets judged from a run."""
 from __future__ import annotations
 
-from engramd.bench_markdown import markdown
+from engram_client.tools.bench_markdown import markdown
 
 
 def method(ms: float, host_ms: float) -> dict:
@@ -23,8 +23,8 @@ def results() -> dict:
 
 def test_every_method_is_a_row_and_targets_are_judged_from_the_run():
     text = markdown(results())
-    assert "| 6,144 | uniform | ours:host | 0.200 | 0.025 |" in text
-    assert "| 393,216 | uniform | naive | 20.000 |" in text
+    assert "| 6,144 | uniform | 0.993 | ours:host | 0.200 | 0.025 |" in text
+    assert "| 393,216 | uniform | 0.992 | naive | 20.000 |" in text
     assert "| uva | 33 | 100.00 | 101.50 | +28.0% |" in text
     assert "| 393,216 uniform ids | 4.600 ms | 4.000 ms | no |" in text
     assert "| 6,144 uniform ids, GPU-visible time | 0.200 ms | 0.100 ms | no |" in text

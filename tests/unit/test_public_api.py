@@ -5,13 +5,14 @@ import importlib.metadata
 import inspect
 
 import engram_client
-from engram_client import errors
+from engram_client.core import errors
 
 EXPECTED_ALL = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
-    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError",
+    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
+    "TokenIdsError", "HasherUnavailableError",
 ]
 
 
@@ -31,7 +32,7 @@ def test_every_public_name_resolves():
     namespace: dict = {}
     exec("from engram_client import *", namespace)
     assert set(EXPECTED_ALL) <= set(namespace)
-    assert engram_client.PROTOCOL_VERSION == (1, 1)
+    assert engram_client.PROTOCOL_VERSION == (1, 2)
     assert callable(engram_client.default_endpoint)
     for name in ("EngramClient", "EngramTable", "PrefetchHandle"):
         assert inspect.isclass(getattr(engram_client, name)), name
@@ -43,10 +44,10 @@ def test_version_matches_the_installed_distribution():
 
 def test_every_error_derives_from_engram_error_and_is_exported():
     classes = error_classes()
-    assert len(classes) == 15, sorted(classes)
+    assert len(classes) == 18, sorted(classes)
     for name, cls in classes.items():
         assert issubclass(cls, errors.EngramError), name
-        assert name in engram_client.__all__, f"{name} is in engram_client.errors but not exported"
+        assert name in engram_client.__all__, f"{name} is in engram_client.core.errors but not exported"
         assert getattr(engram_client, name) is cls
     codes = [cls.code for cls in classes.values()]
     assert len(codes) == len(set(codes)), f"two error classes share a code: {sorted(codes)}"

@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engram_client.errors import CheckpointError, ShmSpaceError, TableFileError
-from engram_client.layout import EngramConfig, LayerLayout, build_layout
-from engram_client.table_file import (ALIGN, FORMAT_VERSION, HEADER_BYTES, MAGIC, STATE_COMPLETE, STATE_WRITING,
+from engram_client.core.errors import CheckpointError, ShmSpaceError, TableFileError
+from engram_client.core.layout import EngramConfig, LayerLayout, build_layout
+from engram_client.core.table_file import (ALIGN, FORMAT_VERSION, HEADER_BYTES, MAGIC, STATE_COMPLETE, STATE_WRITING,
                                       TableHeader, read_header)
 from engramd import loader
 from engramd.checkpoint import read_checkpoint

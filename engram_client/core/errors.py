@@ -5,6 +5,7 @@
     ├── LayoutError                  config and tensors disagree, or a config is unusable
     ├── TableFileError               a table file that is not complete, not ours, or damaged
     ├── ShmSpaceError                not enough room in the shm dir to reserve the table
+    ├── ConfigError                  a daemon setting that cannot work (names the option)
     ├── ProtocolError                a message that does not follow docs/protocol.md
     ├── RequestError                 the daemon answered a request with an error reply
     │   ├── NotReadyError            no table is ready yet (state loading / failed)
@@ -14,7 +15,9 @@
     ├── NotAttachedError             the client is closed or was never attached
     ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
     ├── NotCapturableError           a lookup started while a CUDA graph is being captured
-    └── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    ├── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    ├── TokenIdsError                token ids the hasher cannot hash (dtype, shape, range)
+    └── HasherUnavailableError       the served table has no token map to hash with
 
 Each side maps lower-layer exceptions to these in one place and chains them with
 ``raise ... from exc``.  Error replies carry ``name`` so the client can raise the
@@ -43,6 +46,10 @@ class TableFileError(EngramError):
 
 class ShmSpaceError(EngramError):
     code = "shm_space"
+
+
+class ConfigError(EngramError):
+    code = "bad_config"
 
 
 class ProtocolError(EngramError):
@@ -91,6 +98,14 @@ class NotCapturableError(EngramError):
 
 class IdsOutOfRangeError(EngramError, IndexError):
     code = "ids_out_of_range"
+
+
+class TokenIdsError(EngramError, ValueError):
+    code = "bad_token_ids"
+
+
+class HasherUnavailableError(EngramError):
+    code = "hasher_unavailable"
 
 
 # Error replies name the class; the client turns the name back into the class.

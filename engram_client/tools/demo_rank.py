@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from engram_client.reference import reference_bf16_bits, same_bf16
+
+from .demo_tokens import check_tokens
 
 HOLD_TIMEOUT_S = 120.0
 
@@ -44,6 +46,9 @@ def run(args) -> dict:
             report["mismatches"] += check(table, out.reshape(-1, table.head_dim), ids.reshape(-1), args.seed)
             report["rows_checked"] += ids.size
             report["lookups"] += 1
+        checked, mismatches = check_tokens(client, rng, args.seed, check)  # tokens -> rows, every layer
+        report.update(token_rows_checked=checked, rows_checked=report["rows_checked"] + checked,
+                      mismatches=report["mismatches"] + mismatches)
         report["seconds"] = round(time.perf_counter() - started, 3)
         table = client.table(client.layers[0])
         try:

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import CudaRegistrationError, TableFileError
-from .layout import LayerLayout
+from .core.errors import CudaRegistrationError, TableFileError
+from .core.layout import LayerLayout
 from .mapping import ReadOnlyMapping
-from .table_file import read_header
+from .core.table_file import read_header
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
