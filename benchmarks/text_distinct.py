@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes  # noqa: E402
 from engram_client.core.layout import build_layout  # noqa: E402
-from engram_client.tools.bench import SIZES, IdSampler  # noqa: E402
+from engram_client.tools.bench_ids import SIZES, IdSampler  # noqa: E402
 from engram_client.tools.bench_text import TextWorkload, WithText, distinct_fraction  # noqa: E402
 
 

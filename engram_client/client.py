@@ -27,6 +27,7 @@ from .connection import DaemonConnection
 from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
 from .hot_rows import HotRowCache
+from .lookup_config import LookupConfig, default_gather_threads
 from .mapped_generation import MappedGeneration
 from .readiness import wait_ready
 from .table import EngramTable
@@ -47,7 +48,8 @@ class EngramClient:
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
                  lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16,
-                 auto_refresh: bool = False, lookup_timeout: float = 60.0):
+                 auto_refresh: bool = False, lookup_timeout: float = 60.0, lookup_path: str = "auto",
+                 strict_ids: bool = False, gather_threads: int | None = None):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -66,9 +68,11 @@ class EngramClient:
                                  "needs a CUDA device and a non-negative budget")
             if lookup_max_programs is None and self.device.type == "cuda":
                 lookup_max_programs = default_max_programs(self.device)
-            self._table_options = dict(out_dtype=out_dtype, wait_timeout=lookup_timeout, strategy=lookup_strategy,
-                                       max_programs=lookup_max_programs or None)
-            self._hot_cache = (hot_cache_bytes, hot_cache_refresh_every)
+            self.lookup_config = LookupConfig(
+                out_dtype=out_dtype, path=lookup_path, strategy=lookup_strategy, max_programs=lookup_max_programs or None,
+                wait_timeout=lookup_timeout, strict_ids=strict_ids,
+                gather_threads=default_gather_threads(self.device) if gather_threads is None else gather_threads,
+                hot_cache_bytes=hot_cache_bytes, hot_cache_refresh_every=hot_cache_refresh_every)
             self._row_ranges = row_ranges or {}
             self._attach(timeout, rank, heartbeat)
         except BaseException:
@@ -88,6 +92,10 @@ class EngramClient:
             self._state.detach_quietly(reply["client_id"])
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self.device.type == "cpu" or self.lookup_config.path != "uva":
+            from .host_lookup import open_pool
+
+            state.pool = open_pool(self.lookup_config.gather_threads)
         for layer, lv in state.mapped.layers.items():
             state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
         state.hasher = hasher_for(state.mapped)
@@ -98,12 +106,18 @@ class EngramClient:
             state.heartbeat_thread.start()
 
     def _new_table(self, lv, layer_count: int) -> EngramTable:
-        """A table with every lookup option this client was given, for one layer's view."""
-        budget, refresh_every = self._hot_cache
-        cache = HotRowCache.for_budget(budget // layer_count, lv.layout.head_dim, self._table_options["out_dtype"],
-                                       self.device, refresh_every=refresh_every) if budget else None
-        return EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, hot_cache=cache,
-                           before_call=self._before_call_hook(), **self._table_options)
+        """A table with this client's lookup config, for one layer's view (warmed on CUDA: the
+        host path's first host function and kernel launch are slow, and belong to attach)."""
+        config = self.lookup_config
+        cache = HotRowCache.for_budget(config.hot_cache_bytes // layer_count, lv.layout.head_dim, config.out_dtype,
+                                       self.device, refresh_every=config.hot_cache_refresh_every) \
+            if config.hot_cache_bytes else None
+        table = EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, config=config,
+                            host_rows=lv.host_view, pool=self._state.pool, hot_cache=cache,
+                            before_call=self._before_call_hook())
+        if table._host is not None and self.device.type == "cuda":
+            table._host.warm(table)
+        return table
 
     def _before_call_hook(self):
         """A hook for the tables that does not keep the client alive: a table reachable from
@@ -151,7 +165,8 @@ class EngramClient:
                     state.tables.pop(layer)._retire(f"layer {layer} is not in generation {new.generation}")
             for layer, lv in new.layers.items():
                 if layer in state.tables:
-                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi)
+                    state.tables[layer].release()  # graphs captured on the old rows must not read them
+                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view)
                 else:
                     state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False

@@ -30,6 +30,7 @@ class ClientState:
         self.mapped: MappedGeneration | None = None
         self.tables: dict[int, EngramTable] = {}
         self.stream = None
+        self.pool = None  # the gather threads of the host path and of CPU lookups
         self.stop = threading.Event()
         self.heartbeat_thread: threading.Thread | None = None
         self.boot_id: str | None = None
@@ -100,9 +101,13 @@ class ClientState:
                 self.detach_quietly(self.mapped.lease_id)
                 if self.stream is not None:
                     self.stream.synchronize()
+                for table in self.tables.values():
+                    table._retire("client is closed")  # a table kept past close must not read unmapped rows
                 self.tables.clear()
                 self.mapped.release()
                 self.mapped = None
+            if self.pool is not None:
+                self.pool.close()
             self.hasher = UnavailableHasher("the client is closed")
             self.connection.close()
 

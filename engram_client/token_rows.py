@@ -7,8 +7,10 @@
 The hasher is built once per mapped generation from the table's hashing section, so
 it always matches the rows it indexes; where the table has none, the client gets an
 UnavailableHasher that says why.  Prefetching hashes on the device of the token ids
-and hands each layer's row ids to that layer's table, which works on either lookup
-path (ids on the host are range-checked there; ids on the GPU by the lookup kernel).
+and hands each layer's row ids (a strided column of the hash's output) to that layer's
+table, whose lookup config picks the path: ids on the host are range-checked there, ids
+on the GPU by the lookup itself (host gather or UVA kernel), which zeroes their rows and
+reports them without a host sync (out_of_range.py).
 """
 from __future__ import annotations
 

@@ -206,9 +206,10 @@ def keys(directory: str, force: bool) -> None:
 @click.option("--hot-cache-gib", default=1.0, show_default=True, type=float,
               help="Also time the default path with a hot-row cache of this size (0: skip).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
+@click.option("--markdown", is_flag=True, help="Also print the tables as docs/BENCHMARKS.md records them.")
 def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: str, load_threads: int,
-          overlap_steps: int, max_programs: str, hot_cache_gib: float, json_path: str | None) -> None:
-    """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
+          overlap_steps: int, max_programs: str, hot_cache_gib: float, json_path: str | None, markdown: bool) -> None:
+    """Lookup speed on the GPU: plain copy vs naive index_select vs both lookup paths (needs CUDA)."""
     _require_client_extra("bench")
     import torch
 
@@ -223,6 +224,10 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
     results = run(endpoint, table_gib, iterations, [s for s in strategies.split(",") if s], load_threads,
                   overlap_steps, caps, hot_cache_gib)
     print_table(results)
+    if markdown:
+        from engram_client.tools.bench_markdown import markdown as as_markdown
+
+        print(as_markdown(results))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)

@@ -2,10 +2,11 @@
 # Create .venv (once) with the project and its test tools. On CPU machines torch is pinned to
 # 2.13.0, whose CPU wheel is on local disk here; on GPU machines install the project into an
 # environment that already has CUDA torch, Triton and cuda-bindings (pip install -e '.[gpu,test]').
+# Installing compiles the C extensions (gcc); an existing .venv that lacks one is refreshed.
 # Later runs find .venv complete and say nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if .venv/bin/python -c "import engramd, engram_client, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
+if .venv/bin/python -c "import engramd, engram_client, engram_client._host_gather, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   exit 0
 fi
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "engramd needs Python 3.11 or newer")'

