@@ -61,8 +61,8 @@ def _ngram_hash_kernel(tokens_ptr, n_tokens, starts_ptr, n_seqs, history_ptr, ma
     pos = t - tl.load(starts_ptr + seq, mask=live, other=0)
     ok = live
     for k in tl.static_range(MAX_NGRAM):
-        _, valid = _window_id(tokens_ptr, history_ptr, map_ptr, t, seq, pos, live, vocab, pad_id, k, MAX_NGRAM,
-                              HAS_HISTORY)
+        _unused_id, valid = _window_id(tokens_ptr, history_ptr, map_ptr, t, seq, pos, live, vocab, pad_id, k,
+                                       MAX_NGRAM, HAS_HISTORY)
         ok = ok & valid
     heads_total = (MAX_NGRAM - 1) * HEADS
     h = tl.arange(0, HEADS_POW2)
@@ -70,8 +70,9 @@ def _ngram_hash_kernel(tokens_ptr, n_tokens, starts_ptr, n_seqs, history_ptr, ma
     for layer in range(n_layers):
         mix = tl.zeros([BLOCK], dtype=tl.int64)
         for k in tl.static_range(MAX_NGRAM):
-            x, _ = _window_id(tokens_ptr, history_ptr, map_ptr, t, seq, pos, live, vocab, pad_id, k, MAX_NGRAM,
-                              HAS_HISTORY)
+            # Distinct names: Triton types a variable per name, and these two hold different types.
+            x, _unused_valid = _window_id(tokens_ptr, history_ptr, map_ptr, t, seq, pos, live, vocab, pad_id, k,
+                                          MAX_NGRAM, HAS_HISTORY)
             mix = mix ^ (x * tl.load(mult_ptr + layer * MAX_NGRAM + k))
             if k >= 1:
                 col = layer * heads_total + (k - 1) * HEADS + h
