@@ -62,12 +62,37 @@ static inline int64_t id_at(const Job *job, int64_t i) {
     return job->ids64 ? ((const int64_t *)job->ids)[i] : (int64_t)((const int32_t *)job->ids)[i];
 }
 
-static inline void prefetch_row(const Job *job, int64_t i) {
+/* Software prefetch: whole rows `near` rows ahead of the copy; with `far` > near, also the first
+ * line of the row `far` ahead, which starts its page walk early (on 4 KiB pages every random row
+ * misses the TLB); `hint` is the locality (0: non-temporal .. 3: every cache level).  Settable by
+ * set_prefetch() for benchmarks/host_overlap.py's sweep; read once per block. */
+static struct { int near, far, hint; } prefetch_tuning = {PREFETCH_ROWS, 0, 0};
+
+static inline void prefetch_line(const uint8_t *p, int hint) {
+    switch (hint) {  /* the hint must be a constant */
+    case 0: __builtin_prefetch(p, 0, 0); break;
+    case 1: __builtin_prefetch(p, 0, 1); break;
+    case 2: __builtin_prefetch(p, 0, 2); break;
+    default: __builtin_prefetch(p, 0, 3); break;
+    }
+}
+
+static inline const uint8_t *row_address(const Job *job, int64_t i) {
     int64_t id = id_at(job, i);
-    if (id < job->row_lo || id >= job->row_hi) return;
-    const uint8_t *src = job->table + (id - job->row_lo) * job->row_bytes;
-    for (int64_t off = 0; off < job->row_bytes; off += 64) __builtin_prefetch(src + off, 0, 0);
-    __builtin_prefetch(src + job->row_bytes - 1, 0, 0);
+    if (id < job->row_lo || id >= job->row_hi) return NULL;
+    return job->table + (id - job->row_lo) * job->row_bytes;
+}
+
+static inline void prefetch_row(const Job *job, int64_t i, int hint) {
+    const uint8_t *src = row_address(job, i);
+    if (src == NULL) return;
+    for (int64_t off = 0; off < job->row_bytes; off += 64) prefetch_line(src + off, hint);
+    prefetch_line(src + job->row_bytes - 1, hint);
+}
+
+static inline void prefetch_first_line(const Job *job, int64_t i, int hint) {
+    const uint8_t *src = row_address(job, i);
+    if (src != NULL) prefetch_line(src, hint);
 }
 
 static void gather_block(Job *job, int64_t block) {
@@ -79,9 +104,12 @@ static void gather_block(Job *job, int64_t block) {
         memset(job->staging + lo * rb, 0, (size_t)((hi - lo) * rb));
         bad = hi - lo;
     } else {
-        for (int64_t i = lo; i < hi && i < lo + PREFETCH_ROWS; i++) prefetch_row(job, i);
+        const int near = prefetch_tuning.near, far = prefetch_tuning.far, hint = prefetch_tuning.hint;
+        for (int64_t i = lo; i < hi && i < lo + near; i++) prefetch_row(job, i, hint);
+        for (int64_t i = lo + near; i < hi && i < lo + far; i++) prefetch_first_line(job, i, hint);
         for (int64_t i = lo; i < hi; i++) {
-            if (i + PREFETCH_ROWS < hi) prefetch_row(job, i + PREFETCH_ROWS);
+            if (i + near < hi) prefetch_row(job, i + near, hint);
+            if (far > near && i + far < hi) prefetch_first_line(job, i + far, hint);
             int64_t id = id_at(job, i);
             uint8_t *dst = job->staging + i * rb;
             if (id < job->row_lo || id >= job->row_hi) {

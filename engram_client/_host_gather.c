@@ -232,6 +232,18 @@ static PyObject *count_outside(PyObject *module, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
+static PyObject *set_prefetch(PyObject *module, PyObject *args) {
+    int near, far, hint;
+    if (!PyArg_ParseTuple(args, "iii", &near, &far, &hint)) return NULL;
+    if (near < 0 || near > 256 || far < 0 || far > 1024 || (far && far <= near) || hint < 0 || hint > 3) {
+        PyErr_Format(PyExc_ValueError, "prefetch of whole rows %d ahead, first lines %d ahead, hint %d: want "
+                     "0 <= near <= 256, far 0 or in (near, 1024], hint 0 to 3", near, far, hint);
+        return NULL;
+    }
+    prefetch_tuning.near = near, prefetch_tuning.far = far, prefetch_tuning.hint = hint;
+    Py_RETURN_NONE;
+}
+
 static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
     unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
     int status = 0;
@@ -244,6 +256,8 @@ static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
 static PyMethodDef module_methods[] = {
     {"stream_capturing", stream_capturing, METH_O, "stream_capturing(stream) -> whether it is capturing a graph"},
     {"set_error_classes", set_error_classes, METH_VARARGS, "set_error_classes(base, detached)"},
+    {"set_prefetch", set_prefetch, METH_VARARGS,
+     "set_prefetch(near, far, hint): whole rows `near` ahead, first lines `far` ahead (0: off), locality 0-3"},
     {"count_outside", count_outside, METH_VARARGS,
      "count_outside(ids, ids64, n, lo, hi) -> how many of n ids at address ids are outside [lo, hi)"},
     {NULL}};

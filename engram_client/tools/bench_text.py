@@ -82,7 +82,7 @@ class TextWorkload:
         total = self.tokens.numel()
         index = (self._prefill_at + torch.arange(count)) % total
         self._prefill_at = (self._prefill_at + count) % total
-        return self.hasher.row_ids(self.tokens[index])[:, self.layer_index].reshape(-1)
+        return self._layer_ids(self.hasher.row_ids(self.tokens[index]))
 
     def decode(self) -> torch.Tensor:
         """Row ids [256 * heads] of one decode step: each sequence's next token, with its history."""
@@ -90,8 +90,14 @@ class TextWorkload:
         at = self._decode_at % total
         history = self.tokens[(at[:, None] - torch.arange(history_len, 0, -1)[None, :]) % total]
         self._decode_at += 1
-        rows = self.hasher.row_ids(self.tokens[at], self._decode_starts, history)
-        return rows[:, self.layer_index].reshape(-1)
+        return self._layer_ids(self.hasher.row_ids(self.tokens[at], self._decode_starts, history))
+
+    def _layer_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """This layer's ids [tokens * heads], contiguous, copied by numpy on this thread.  A torch
+        copy of this size runs on torch's OpenMP pool, whose threads then spin for milliseconds
+        on the very cores the host path's gather pool is about to use: on the H200 machine
+        that doubled the timed host-path lookup that followed each text sample."""
+        return torch.from_numpy(np.ascontiguousarray(rows.numpy()[:, self.layer_index]).reshape(-1))
 
     def sample(self, rows: int) -> torch.Tensor:
         """A call of ``rows`` row ids: a decode step at 256 tokens' worth, else a prefill window."""
