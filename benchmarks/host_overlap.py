@@ -31,7 +31,6 @@ from engram_client.tools.bench_ids import IdSampler
 from engram_client.tools.bench_timing import measure_overlap, timed
 
 PREFILL, DECODE = 393216, 6144
-DEFAULT_PREFETCH = (16, 0, 0)
 
 
 class _NoDequant:
@@ -96,17 +95,18 @@ def _gather_ms(table, ids: torch.Tensor, out: torch.Tensor) -> float:
                                                 ids.numel(), out.data_ptr(), 0)) * 1e3
 
 
-def measure_prefetch(table, sampler, settings: list[str], iterations: int) -> dict:
-    """Host gather time of 393,216 uniform ids for each software-prefetch setting (near/far/hint)."""
+def measure_gather_tuning(table, sampler, settings: list[str], iterations: int) -> dict:
+    """Host gather time of 393,216 uniform ids for each setting near/far/hint/streaming (set_tuning)."""
+    default = _host_gather.get_tuning()
     out = torch.ones(PREFILL * table.layout.row_bytes, dtype=torch.uint8)  # touched once, up front
     results = {}
     for spec in settings:
-        _host_gather.set_prefetch(*(int(v) for v in spec.split("/")))
+        _host_gather.set_tuning(*(int(v) for v in spec.split("/")))
         times = [_gather_ms(table, sampler.sample(PREFILL, "uniform"), out) for _ in range(iterations + 1)][1:]
         results[spec] = {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
-        print(f"  prefetch {spec:>9}: gather {results[spec]['median_ms']:.3f} ms "
+        print(f"  gather {spec:>11}: gather {results[spec]['median_ms']:.3f} ms "
               f"(min {results[spec]['min_ms']:.3f}, max {results[spec]['max_ms']:.3f})", flush=True)
-    _host_gather.set_prefetch(*DEFAULT_PREFETCH)
+    _host_gather.set_tuning(*default)
     return results
 
 
@@ -152,8 +152,8 @@ def main() -> None:
     parser.add_argument("--table-gib", type=float, default=16.0)
     parser.add_argument("--grids", default="none,all/16,132/16,32/32,16/64,8/64")
     parser.add_argument("--rest-grids", default="none,all/16,32/32,16/64", help="grids for the other pool sizes")
-    parser.add_argument("--prefetch", default="16/0/0,8/0/0,32/0/0,16/0/3,16/48/0,16/48/3,32/96/3,8/64/3",
-                        help="software-prefetch settings near/far/hint to time the host gather with")
+    parser.add_argument("--tuning", default="16/0/3/0,16/0/3/1,16/0/0/0,16/0/0/1,8/0/3/0,16/48/3/0,16/48/3/1",
+                        help="gather settings near/far/hint/streaming to time the host gather with")
     parser.add_argument("--threads", default="15,8")
     parser.add_argument("--iterations", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10, help="matmul-loop steps (engramd bench: 10)")
@@ -175,7 +175,7 @@ def main() -> None:
             run = {"threads": threads}
             if index == 0:  # with the default dequant, before the grids replace it
                 run["ids"] = measure_ids(table, host, sampler, client, layer, args.iterations)
-                run["prefetch"] = measure_prefetch(table, sampler, args.prefetch.split(","), args.iterations)
+                run["tuning"] = measure_gather_tuning(table, sampler, args.tuning.split(","), args.iterations)
             grids = (args.grids if index == 0 else args.rest_grids).split(",")
             run["grids"] = measure_grids(table, host, sampler, grids, args.iterations, args.steps)
             results["runs"].append(run)

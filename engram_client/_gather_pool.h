@@ -62,38 +62,7 @@ static inline int64_t id_at(const Job *job, int64_t i) {
     return job->ids64 ? ((const int64_t *)job->ids)[i] : (int64_t)((const int32_t *)job->ids)[i];
 }
 
-/* Software prefetch: whole rows `near` rows ahead of the copy; with `far` > near, also the first
- * line of the row `far` ahead, which starts its page walk early (on 4 KiB pages every random row
- * misses the TLB); `hint` is the locality (0: non-temporal .. 3: every cache level).  Settable by
- * set_prefetch() for benchmarks/host_overlap.py's sweep; read once per block. */
-static struct { int near, far, hint; } prefetch_tuning = {PREFETCH_ROWS, 0, 0};
-
-static inline void prefetch_line(const uint8_t *p, int hint) {
-    switch (hint) {  /* the hint must be a constant */
-    case 0: __builtin_prefetch(p, 0, 0); break;
-    case 1: __builtin_prefetch(p, 0, 1); break;
-    case 2: __builtin_prefetch(p, 0, 2); break;
-    default: __builtin_prefetch(p, 0, 3); break;
-    }
-}
-
-static inline const uint8_t *row_address(const Job *job, int64_t i) {
-    int64_t id = id_at(job, i);
-    if (id < job->row_lo || id >= job->row_hi) return NULL;
-    return job->table + (id - job->row_lo) * job->row_bytes;
-}
-
-static inline void prefetch_row(const Job *job, int64_t i, int hint) {
-    const uint8_t *src = row_address(job, i);
-    if (src == NULL) return;
-    for (int64_t off = 0; off < job->row_bytes; off += 64) prefetch_line(src + off, hint);
-    prefetch_line(src + job->row_bytes - 1, hint);
-}
-
-static inline void prefetch_first_line(const Job *job, int64_t i, int hint) {
-    const uint8_t *src = row_address(job, i);
-    if (src != NULL) prefetch_line(src, hint);
-}
+#include "_gather_tuning.h"
 
 static void gather_block(Job *job, int64_t block) {
     int64_t lo = block * job->block_rows, hi = lo + job->block_rows;
@@ -104,7 +73,9 @@ static void gather_block(Job *job, int64_t block) {
         memset(job->staging + lo * rb, 0, (size_t)((hi - lo) * rb));
         bad = hi - lo;
     } else {
-        const int near = prefetch_tuning.near, far = prefetch_tuning.far, hint = prefetch_tuning.hint;
+        const int near = gather_tuning.near, far = gather_tuning.far, hint = gather_tuning.hint;
+        const int streaming = CAN_STREAM && gather_tuning.streaming &&
+                              !(((uintptr_t)job->table | (uintptr_t)job->staging | (uintptr_t)rb) & 7);
         for (int64_t i = lo; i < hi && i < lo + near; i++) prefetch_row(job, i, hint);
         for (int64_t i = lo + near; i < hi && i < lo + far; i++) prefetch_first_line(job, i, hint);
         for (int64_t i = lo; i < hi; i++) {
@@ -115,6 +86,10 @@ static void gather_block(Job *job, int64_t block) {
             if (id < job->row_lo || id >= job->row_hi) {
                 memset(dst, 0, (size_t)rb);
                 bad++;
+#if CAN_STREAM
+            } else if (streaming) {
+                copy_row_streaming(dst, job->table + (id - job->row_lo) * rb, rb);
+#endif
             } else if (rb == 264) {  /* the V4.1 row: a constant size lets the compiler inline the copy */
                 memcpy(dst, job->table + (id - job->row_lo) * 264, 264);
             } else {
@@ -122,6 +97,9 @@ static void gather_block(Job *job, int64_t block) {
             }
         }
     }
+#if CAN_STREAM
+    _mm_sfence();  /* streamed rows are visible before the block is counted done */
+#endif
     if (bad) {
         atomic_fetch_add(&job->bad, bad);
         if (job->bad_total) __atomic_fetch_add(job->bad_total, bad, __ATOMIC_RELAXED);

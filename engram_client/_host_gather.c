@@ -232,16 +232,22 @@ static PyObject *count_outside(PyObject *module, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
-static PyObject *set_prefetch(PyObject *module, PyObject *args) {
-    int near, far, hint;
-    if (!PyArg_ParseTuple(args, "iii", &near, &far, &hint)) return NULL;
+static PyObject *set_tuning(PyObject *module, PyObject *args) {
+    int near, far, hint, streaming;
+    if (!PyArg_ParseTuple(args, "iiip", &near, &far, &hint, &streaming)) return NULL;
     if (near < 0 || near > 256 || far < 0 || far > 1024 || (far && far <= near) || hint < 0 || hint > 3) {
         PyErr_Format(PyExc_ValueError, "prefetch of whole rows %d ahead, first lines %d ahead, hint %d: want "
                      "0 <= near <= 256, far 0 or in (near, 1024], hint 0 to 3", near, far, hint);
         return NULL;
     }
-    prefetch_tuning.near = near, prefetch_tuning.far = far, prefetch_tuning.hint = hint;
+    gather_tuning.near = near, gather_tuning.far = far, gather_tuning.hint = hint;
+    gather_tuning.streaming = streaming;
     Py_RETURN_NONE;
+}
+
+static PyObject *get_tuning(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(iiiO)", gather_tuning.near, gather_tuning.far, gather_tuning.hint,
+                         gather_tuning.streaming ? Py_True : Py_False);
 }
 
 static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
@@ -256,8 +262,10 @@ static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
 static PyMethodDef module_methods[] = {
     {"stream_capturing", stream_capturing, METH_O, "stream_capturing(stream) -> whether it is capturing a graph"},
     {"set_error_classes", set_error_classes, METH_VARARGS, "set_error_classes(base, detached)"},
-    {"set_prefetch", set_prefetch, METH_VARARGS,
-     "set_prefetch(near, far, hint): whole rows `near` ahead, first lines `far` ahead (0: off), locality 0-3"},
+    {"set_tuning", set_tuning, METH_VARARGS,
+     "set_tuning(near, far, hint, streaming): prefetch whole rows `near` ahead, first lines `far` ahead\n"
+     "(0: off), locality hint 0-3; write staging with non-temporal stores (x86-64)"},
+    {"get_tuning", get_tuning, METH_NOARGS, "get_tuning() -> (near, far, hint, streaming)"},
     {"count_outside", count_outside, METH_VARARGS,
      "count_outside(ids, ids64, n, lo, hi) -> how many of n ids at address ids are outside [lo, hi)"},
     {NULL}};
