@@ -187,7 +187,7 @@ def run(args) -> dict:
     }
 
 
-def print_table(summary: dict) -> None:
+def print_results(summary: dict) -> None:
     lat, hb, rss = summary["status_latency_ms"], summary["heartbeat_latency_ms"], summary["daemon_rss_mib"]
     rows = [
         ("daemon", f"{summary['daemon']}, lease {summary['lease_seconds']} s, {summary['cpus']} CPUs here"),
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(args)
     summary["ok"] = (summary["leases_lost"] == 0 and summary["requests_unanswered"] == 0
                      and summary["clients_attached"] == args.clients and not summary["clients_failed"])
-    print_table(summary)
+    print_results(summary)
     if args.json == "-":
         print(json.dumps(summary, indent=2))
     elif args.json:

@@ -213,7 +213,7 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
     _require_client_extra("bench")
     import torch
 
-    from engram_client.tools.bench import main as run, print_table
+    from engram_client.tools.bench import main as run, print_results
 
     if not torch.cuda.is_available():
         fail("engramd bench needs a CUDA device")
@@ -223,7 +223,7 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
             for c in max_programs.split(",") if c.strip()]
     results = run(endpoint, table_gib, iterations, [s for s in strategies.split(",") if s], load_threads,
                   overlap_steps, caps, hot_cache_gib)
-    print_table(results)
+    print_results(results)
     if markdown:
         from engram_client.tools.bench_markdown import markdown as as_markdown
 

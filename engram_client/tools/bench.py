@@ -144,7 +144,7 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
     return results
 
 
-def print_table(results: dict) -> None:
+def print_results(results: dict) -> None:
     print(f"{results['gpu']}: layer {results['layer']} of a {results['table_bytes'] / 2**30:.1f} GiB table, "
           f"median of {results['iterations']} iterations, fresh ids each; {results['gather_threads']} gather threads")
     print(f"{'rows':>7} {'ids':<8} {'distinct':>8} {'frac':>5} {'method':<26} {'median ms':>10} {'min':>8} {'max':>8} "
