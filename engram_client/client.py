@@ -65,7 +65,7 @@ class _Attachment:
     def heartbeat_loop(self, interval: float) -> None:
         while not self.stop.wait(interval):
             try:
-                reply = self.connection.request("heartbeat", {"client_id": self.client_id}, timeout=interval)
+                reply = self.connection.request("heartbeat", self.lease_args(), timeout=interval)
                 self.lease_lost = False
             except UnknownClientError:
                 self._reattach()
@@ -94,7 +94,7 @@ class _Attachment:
             self.boot_id, self.lease_lost = reply["boot_id"], False
             if mapped is None:
                 return
-            mapped.lease_id = reply["client_id"]
+            mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")
             if (reply["table_path"], reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or \
                     not _same_file(reply["table_path"], mapped):
                 self.refresh_pending = True
@@ -103,10 +103,15 @@ class _Attachment:
             log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
                      "; a refresh is pending" if self.refresh_pending else "")
 
-    def detach_quietly(self, lease_id: str) -> None:
+    def lease_args(self) -> dict[str, str | None]:
+        mapped = self.mapped
+        return {"client_id": mapped.lease_id, "secret": mapped.lease_secret} if mapped is not None else \
+            {"client_id": None}
+
+    def detach_quietly(self, lease_id: str, secret: str) -> None:
         """Release a lease; if the daemon is gone or already dropped it, it expires by itself."""
         try:
-            self.connection.request("detach", {"client_id": lease_id}, timeout=1.0)
+            self.connection.request("detach", {"client_id": lease_id, "secret": secret}, timeout=1.0)
         except EngramError:
             pass
 
@@ -116,9 +121,11 @@ class _Attachment:
             self.heartbeat_thread.join(timeout=5.0)
         with self.lock:
             if self.mapped is not None:
-                self.detach_quietly(self.mapped.lease_id)
+                self.detach_quietly(self.mapped.lease_id, self.mapped.lease_secret)
                 if self.stream is not None:
                     self.stream.synchronize()
+                for table in self.tables.values():  # handles the caller still holds must not read unmapped pages
+                    table._retire("the client this table belongs to is closed; make a new EngramClient")
                 self.tables.clear()
                 self.mapped.release()
                 self.mapped = None
@@ -200,7 +207,7 @@ class EngramClient:
         try:
             state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges)
         except BaseException:
-            self._state.detach_quietly(reply["client_id"])
+            self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         for layer, lv in state.mapped.layers.items():
@@ -251,7 +258,7 @@ class EngramClient:
             try:
                 new = MappedGeneration.open(reply, self.device, self._row_ranges)
             except BaseException:
-                self._state.detach_quietly(reply["client_id"])
+                self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
                 raise
             if state.stream is not None:
                 state.stream.synchronize()  # no kernel may still read the old pages
@@ -264,7 +271,7 @@ class EngramClient:
                 else:
                     state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
-            self._state.detach_quietly(old.lease_id)
+            self._state.detach_quietly(old.lease_id, old.lease_secret)
             old.release()
             log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
             return True

@@ -60,7 +60,9 @@ def _print_status(status: dict) -> None:
         click.echo(line + (f"  ({reload['error']})" if reload.get("error") else ""))
     if status.get("numa_node") is not None:
         click.echo(f"numa node   {status['numa_node']}")
-    click.echo(f"clients     {len(status['clients'])}")
+    total = status.get("clients_total", len(status["clients"]))
+    shown = "" if total == len(status["clients"]) else f"  (the oldest {len(status['clients'])} listed)"
+    click.echo(f"clients     {total}{shown}")
     for client in status["clients"]:
         attached = time.strftime("%H:%M:%S", time.localtime(client["attached_at"]))
         click.echo(f"  {client['id']:<14} pid {client['pid']:<8} {client['device']:<8} rank {client['rank']}  "

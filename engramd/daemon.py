@@ -35,12 +35,15 @@ from engram_client.table_file import TableHeader, read_header
 
 from . import __version__
 from .checkpoint import read_checkpoint
+from .checkpoint_guard import CheckpointGuard
 from .config import ServeConfig
 from .generation import FAILED, READY, Generation
+from .lease_limits import STATUS_CLIENTS
 from .leases import LeaseTable
 from .loader import CheckpointSource, DemoSource, fill_table
 from .metrics import NoMetrics
 from .numa import bind_this_thread
+from .served_record import record_path, resume_target, write_record
 from .table_store import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
@@ -66,6 +69,7 @@ class Daemon:
         self._on_state_change = on_state_change or (lambda state: None)
         self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if config.gid is not None else 0o600,
                           config.gid)
+        self._served_record = record_path(self.shm.directory, self.shm.instance)
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
 
@@ -89,7 +93,21 @@ class Daemon:
 
     def start_load(self) -> None:
         """The first load of this process: re-adopt a predecessor's table, or load afresh."""
-        self._begin(Generation(self._next_number(), self.config.checkpoint), first=True)
+        self._begin(Generation(self._next_number(), self._resumed_checkpoint()), first=True)
+
+    def _resumed_checkpoint(self) -> str | None:
+        """--checkpoint, unless the predecessor started from it was reloaded onto another (served_record)."""
+        target = resume_target(self._served_record, self.config.checkpoint)
+        if target is None:
+            return self.config.checkpoint
+        try:
+            target = self._allowed_checkpoint(target)
+        except ProtocolError as exc:
+            log.warning("not resuming the predecessor's reload target: %s; serving %s", exc, self.config.checkpoint)
+            return self.config.checkpoint
+        log.info("serving %s, which the predecessor reloaded onto from --checkpoint %s (%s)", target,
+                 self.config.checkpoint, self._served_record)
+        return target
 
     def _next_number(self) -> int:
         self._last_number += 1
@@ -144,6 +162,7 @@ class Daemon:
         try:
             header, make_source, files = self._plan(generation)
             generation.files = files
+            guard = CheckpointGuard(files)  # before the first row is read
             if first and self._adopt(generation, header):
                 self._finish(generation)
                 return
@@ -160,6 +179,7 @@ class Daemon:
                        self.config.max_load_rate)
             if self._cancel_load.is_set():
                 raise EngramError("load cancelled by stop")
+            guard.verify(source, header, writer.read)
             generation.path = writer.publish()
             writer = None
             elapsed = time.monotonic() - started
@@ -189,6 +209,7 @@ class Daemon:
                     previous.retired_at = time.monotonic()
                     self.retiring[previous.number] = previous
                 self.current, self.pending = generation, None
+        write_record(self._served_record, self.config.checkpoint, generation.checkpoint)
         self._announce()
 
     def reload(self, checkpoint: str | None) -> dict[str, Any]:
@@ -254,7 +275,7 @@ class Daemon:
         self.shm.close()
 
     # -- requests (server thread) ------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self, clients_limit: int = STATUS_CLIENTS) -> dict[str, Any]:
         with self._lock:
             current, pending, retiring = self.current, self.pending, list(self.retiring.values())
         header = current.header
@@ -272,31 +293,32 @@ class Daemon:
             "load": current.progress.snapshot(),
             "reload": pending.describe(held.get(pending.number, 0)) if pending else None,
             "generations": [g.describe(held.get(g.number, 0)) for g in (current, *retiring)],
-            "clients": self.leases.describe(), "lease_seconds": self.config.lease_seconds,
+            "clients": self.leases.describe(clients_limit), "clients_total": len(self.leases),
+            "lease_seconds": self.config.lease_seconds,
             "events_endpoint": self.config.events_endpoint,
             "error": current.error,
         }
 
-    def attach(self, pid: int, host: str, rank: int | None, device: str) -> dict[str, Any]:
+    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: bytes = b"") -> dict[str, Any]:
         current = self.current
         if self.stopping or current.state != READY:
             raise NotReadyError(f"no table to attach to: state is {self.state}"
                                 + (f" ({current.error})" if current.error else ""))
-        lease = self.leases.grant(pid, host, rank, device, current.number)
+        lease = self.leases.grant(pid, host, rank, device, current.number, peer)
         log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s)", lease.id,
                  current.number, pid, host, device, rank)
-        return {"client_id": lease.id, "lease_seconds": self.config.lease_seconds, "boot_id": self.boot_id,
+        return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds, "boot_id": self.boot_id,
                 "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint}
 
-    def heartbeat(self, client_id: str) -> dict[str, Any]:
-        lease = self.leases.renew(client_id)
+    def heartbeat(self, client_id: str, secret: str = "") -> dict[str, Any]:
+        lease = self.leases.renew(client_id, secret)
         if lease is None:
             raise UnknownClientError(f"no lease {client_id!r}: it expired or was granted by an earlier daemon; attach again")
         return {"boot_id": self.boot_id, "generation": self.generation, "lease_generation": lease.generation,
                 "lease_seconds": self.config.lease_seconds}
 
-    def detach(self, client_id: str) -> dict[str, Any]:
-        if not self.leases.release(client_id):
+    def detach(self, client_id: str, secret: str = "") -> dict[str, Any]:
+        if not self.leases.release(client_id, secret):
             raise UnknownClientError(f"no lease {client_id!r} to detach")
         log.info("client %s detached", client_id)
         return {"detached": client_id}

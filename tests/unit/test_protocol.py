@@ -78,7 +78,7 @@ def test_check_version_refuses(message, expected):
 
 def test_request_builder_is_parsed_back():
     message = protocol.request("heartbeat", 42, {"client_id": "c1-1"})
-    assert message["v"] == protocol.VERSION_STRING == "1.1"
+    assert message["v"] == protocol.VERSION_STRING == "1.2"
     assert protocol.parse_request(protocol.unpack(protocol.pack(message))) == (42, "heartbeat", {"client_id": "c1-1"})
     assert protocol.parse_request({"v": "1.3", "id": "s", "op": "status"}) == ("s", "status", {})  # args optional
 
@@ -191,7 +191,8 @@ def test_unknown_client(loading_daemon, op):
     ("attach", {"pid": 1, "rank": "0"}, "'rank'"),
     ("attach", {"pid": 1, "rank": False}, "'rank' .* bool"),
     ("attach", {"pid": 1, "host": 7}, "'host' must be str"),
-    ("attach", {"pid": 1, "device": "c" * 257}, "'device' is longer than 256"),
+    ("attach", {"pid": 1, "device": "c" * 65}, "'device' is longer than 64"),
+    ("attach", {"pid": 1, "host": "h" * 256}, "'host' is longer than 255"),
     ("heartbeat", {}, "'client_id' is required"),
     ("heartbeat", {"client_id": 7}, "'client_id' must be str, got int"),
     ("detach", {"client_id": None}, "'client_id' must be str, got NoneType"),
