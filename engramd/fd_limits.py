@@ -1,10 +1,13 @@
 """File descriptors: as many as the process may have, and never all of them for peers.
 
 Every peer connection costs the daemon one descriptor, and libzmq aborts the whole
-process (``Too many open files``) when it cannot get one for its own use.  So at start
-the soft RLIMIT_NOFILE is raised to the hard limit (the unit sets the hard limit with
-``LimitNOFILE``), and PeerCap keeps the number of peers below what the limit leaves
-after the daemon's own needs: a peer beyond it is disconnected as soon as it is seen.
+process when accept(2) fails with EMFILE (``Too many open files (ipc_listener.cpp)``).
+So at start the soft RLIMIT_NOFILE is raised to the hard limit (the unit sets it with
+``LimitNOFILE``), and PeerCap keeps peers to a quarter of that, at most MAX_PEERS: a peer
+beyond it is disconnected as soon as its connection is seen.  The other three quarters
+are headroom for connections that arrive faster than the daemon can disconnect them;
+libzmq gives no way to stop accepting, so a flood outrunning that headroom would still
+abort the process, which is why the unit sets a high LimitNOFILE.
 
 PeerCap learns of connections from a ZeroMQ monitor on the listening socket (accepted
 and disconnected events carry the connection's descriptor) and disconnects an excess
@@ -20,11 +23,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("engramd.fd_limits")
-# Descriptors kept for the daemon itself: libzmq's internals, the table and checkpoint
-# files of a load, the metrics server, the log.  A checkpoint with more shards than this
-# raises the reserve by its shard count (CheckpointSource opens them all).
-RESERVED_FDS = 256
-MAX_PEERS = 65536
+MAX_PEERS = 4096  # a node runs a few hundred clients at most
 
 
 def raise_nofile_limit() -> tuple[int, int]:
@@ -42,7 +41,7 @@ def raise_nofile_limit() -> tuple[int, int]:
 
 def peer_budget(soft_limit: int) -> int:
     """How many peers may be connected at once under ``soft_limit`` descriptors."""
-    return max(8, min(MAX_PEERS, soft_limit - RESERVED_FDS))
+    return max(8, min(MAX_PEERS, soft_limit // 4))
 
 
 class PeerCap:

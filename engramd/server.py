@@ -36,6 +36,7 @@ from .safe_paths import prepare_socket_dir, take_lock
 log = logging.getLogger("engramd.server")
 POLL_MS = 100
 DRAIN_PER_POLL = 256  # answer at most this many requests before housekeeping runs again
+HANDSHAKE_MS = 5000
 PEER_QUEUE = 16  # messages queued per peer and direction; a client has one request in flight
 
 
@@ -113,6 +114,8 @@ class Server:
         # Both sockets: a PUB receives its subscribers' subscription frames, which are as
         # much a peer's input as requests are.
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
+        # A connection that never completes the ZMTP handshake holds a descriptor: not for long.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         path = protocol.ipc_path(endpoint)
         old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
