@@ -43,7 +43,7 @@ from .leases import LeaseTable
 from .loader import CheckpointSource, DemoSource, fill_table
 from .metrics import NoMetrics
 from .numa import bind_this_thread
-from .served_record import record_path, resume_target, write_record
+from .served_record import record_path, resume_checkpoint, write_record
 from .table_store import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
@@ -93,21 +93,8 @@ class Daemon:
 
     def start_load(self) -> None:
         """The first load of this process: re-adopt a predecessor's table, or load afresh."""
-        self._begin(Generation(self._next_number(), self._resumed_checkpoint()), first=True)
-
-    def _resumed_checkpoint(self) -> str | None:
-        """--checkpoint, unless the predecessor started from it was reloaded onto another (served_record)."""
-        target = resume_target(self._served_record, self.config.checkpoint)
-        if target is None:
-            return self.config.checkpoint
-        try:
-            target = self._allowed_checkpoint(target)
-        except ProtocolError as exc:
-            log.warning("not resuming the predecessor's reload target: %s; serving %s", exc, self.config.checkpoint)
-            return self.config.checkpoint
-        log.info("serving %s, which the predecessor reloaded onto from --checkpoint %s (%s)", target,
-                 self.config.checkpoint, self._served_record)
-        return target
+        checkpoint = resume_checkpoint(self._served_record, self.config.checkpoint, self._allowed_checkpoint)
+        self._begin(Generation(self._next_number(), checkpoint), first=True)
 
     def _next_number(self) -> int:
         self._last_number += 1
@@ -307,7 +294,8 @@ class Daemon:
         lease = self.leases.grant(pid, host, rank, device, current.number, peer)
         log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s)", lease.id,
                  current.number, pid, host, device, rank)
-        return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds, "boot_id": self.boot_id,
+        return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds,
+                "boot_id": self.boot_id,
                 "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint}
 
     def heartbeat(self, client_id: str, secret: str = "") -> dict[str, Any]:

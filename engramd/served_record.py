@@ -20,6 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from typing import Callable
+
+from engram_client.errors import EngramError
 
 from .safe_paths import UnsafePathError, open_owned
 
@@ -77,7 +80,7 @@ def write_record(path: str, configured: str | None, served: str | None) -> None:
         finally:
             os.close(directory)
     except OSError as exc:
-        log.error("could not record what is served in %s: %s; a restart would serve --checkpoint", path, exc)
+        log.warning("could not record what is served in %s: %s; a restart would serve --checkpoint", path, exc)
 
 
 def resume_target(path: str, configured: str | None) -> str | None:
@@ -86,3 +89,18 @@ def resume_target(path: str, configured: str | None) -> str | None:
     if record is None or record.get("configured") != configured or record.get("served") == configured:
         return None
     return record.get("served")
+
+
+def resume_checkpoint(path: str, configured: str | None, allowed: Callable[[str], str]) -> str | None:
+    """The checkpoint to serve at start: ``configured`` (--checkpoint), unless the predecessor
+    started from it was reloaded onto another that ``allowed`` (the reload-root check) accepts."""
+    target = resume_target(path, configured)
+    if target is None:
+        return configured
+    try:
+        target = allowed(target)
+    except EngramError as exc:
+        log.warning("not resuming the predecessor's reload target: %s; serving %s", exc, configured)
+        return configured
+    log.info("serving %s, which the predecessor reloaded onto from --checkpoint %s (%s)", target, configured, path)
+    return target
