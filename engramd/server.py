@@ -28,6 +28,7 @@ from .generation import LOADING
 from .ops import OPERATIONS
 from .progress import ProgressBar
 from .fd_limits import PeerCap, peer_budget, raise_nofile_limit
+from .memory_trim import HeapTrimmer
 from .metrics import Metrics, NoMetrics
 from .notify import SystemdNotifier
 from .remote_status import RemoteStatus
@@ -37,7 +38,8 @@ log = logging.getLogger("engramd.server")
 POLL_MS = 100
 DRAIN_PER_POLL = 256  # answer at most this many requests before housekeeping runs again
 HANDSHAKE_MS = 5000
-PEER_QUEUE = 16  # messages queued per peer and direction; a client has one request in flight
+REPLY_QUEUE = 256  # replies queued per peer: a client may pipeline this many requests and read them all
+REQUEST_QUEUE = 16  # requests taken in per peer before it has to wait
 
 
 class EndpointLock:
@@ -101,16 +103,17 @@ class Server:
             raise
         self.progress = ProgressBar(sys.stderr) if config.progress_bar else None
         self.notifier = SystemdNotifier()
+        self.heap = HeapTrimmer()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self.context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         # Set before bind: the listener hands its options to each connection it accepts.
-        # Per peer: a few queued messages each way.  A ROUTER drops replies to a peer whose
-        # queue is full and a PUB drops events, so a peer that never reads costs at most
-        # PEER_QUEUE messages, and one that floods waits on its own socket.
-        sock.setsockopt(zmq.SNDHWM, PEER_QUEUE)
-        sock.setsockopt(zmq.RCVHWM, PEER_QUEUE)
+        # Per peer: a ROUTER drops replies to a peer with REPLY_QUEUE of them unread and a PUB
+        # drops events, so a peer that never reads costs at most that many messages; a peer
+        # that sends faster than it is answered waits on its own socket (REQUEST_QUEUE).
+        sock.setsockopt(zmq.SNDHWM, REPLY_QUEUE)
+        sock.setsockopt(zmq.RCVHWM, REQUEST_QUEUE)
         # Both sockets: a PUB receives its subscribers' subscription frames, which are as
         # much a peer's input as requests are.
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
@@ -215,6 +218,7 @@ class Server:
                 self.peer_cap.poll()
                 self.daemon.housekeeping()
                 self.notifier.watchdog()
+                self.heap.maybe_trim()
                 self._publish_events()
                 if self.daemon.state == LOADING:
                     load = self.daemon.current.progress.snapshot()
