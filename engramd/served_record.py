@@ -7,7 +7,9 @@ writes ``<shm dir>/engramd-<instance>.served``:
 
     {"configured": <the --checkpoint it was started with>, "served": <what it serves>}
 
-The rule at start: if the record's ``configured`` is the ``--checkpoint`` given now, the
+The record exists only while it says something ``--checkpoint`` does not: serving the
+configured checkpoint again removes it, so a daemon that was never reloaded elsewhere
+leaves nothing behind.  The rule at start: if the record's ``configured`` is the ``--checkpoint`` given now, the
 record's ``served`` checkpoint is loaded (or re-adopted) instead, provided it still lies
 under a reload root; if the operator gave another ``--checkpoint``, that wins.
 
@@ -24,7 +26,7 @@ from typing import Callable
 
 from engram_client.errors import EngramError
 
-from .safe_paths import UnsafePathError, open_owned
+from .safe_paths import UnsafePathError, foreign_reason, open_owned
 
 log = logging.getLogger("engramd.served_record")
 MAX_RECORD_BYTES = 16 * 1024
@@ -59,7 +61,12 @@ def read_record(path: str) -> dict | None:
 
 
 def write_record(path: str, configured: str | None, served: str | None) -> None:
-    """Replace the record atomically; a failure is logged, never fatal to serving."""
+    """Replace the record atomically, or remove it once what is served is --checkpoint again
+    (it then says nothing a restart would not do anyway); a failure is logged, never fatal."""
+    if served == configured:
+        if os.path.lexists(path) and foreign_reason(path) is None:
+            os.unlink(path)
+        return
     temporary = f"{path}.tmp-{os.getpid()}"
     blob = json.dumps({"configured": configured, "served": served}).encode()
     try:

@@ -54,8 +54,11 @@ class ShmDir:
             raise TableFileError(f"shm dir {self.directory} does not exist")
         check_directory(self.directory, "shm dir")  # a shared one must be sticky, like /dev/shm
         self.lock_path = os.path.join(self.directory, f"engramd-{instance}.lock")
-        self._lock_fd = take_lock(self.lock_path, "lock file",
-                                  "another live engramd already owns it (same endpoint and shm dir); stop it first")
+        try:
+            self._lock_fd = take_lock(self.lock_path, "lock file",
+                                      "another live engramd already owns it (same endpoint and shm dir); stop it first")
+        except UnsafePathError as exc:
+            raise TableFileError(str(exc)) from exc
         try:  # the pid is for people reading the dir; hugetlbfs has no write(2), and that is fine
             os.ftruncate(self._lock_fd, 0)
             os.write(self._lock_fd, f"{os.getpid()}\n".encode())

@@ -21,8 +21,8 @@ def test_the_reload_target_is_resumed_only_from_the_same_configuration(tmp_path)
     write_record(path, "/models/a", "/models/b")
     assert resume_target(path, "/models/a") == "/models/b"
     assert resume_target(path, "/models/c") is None  # the operator changed --checkpoint: that wins
-    write_record(path, "/models/a", "/models/a")
-    assert resume_target(path, "/models/a") is None
+    write_record(path, "/models/a", "/models/a")  # serving --checkpoint again: nothing to remember
+    assert not os.path.exists(path) and resume_target(path, "/models/a") is None
 
 
 def test_an_untrusted_or_damaged_record_is_ignored(tmp_path):
