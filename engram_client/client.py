@@ -27,6 +27,7 @@ import torch
 from .connection import DaemonConnection
 from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
                      NotAttachedError, NotReadyError, UnknownClientError)
+from .fork_guard import release_in_forked_child
 from .hot_rows import HotRowCache
 from .generation_map import MappedGeneration
 from .table import EngramTable
@@ -57,6 +58,7 @@ class _Attachment:
         self.refresh_pending = False  # the daemon serves another generation than the one mapped
         self.attach_args: dict[str, Any] = {}
         self.lock = threading.RLock()  # refresh vs heartbeat re-attach
+        self.owner_pid = os.getpid()  # a forked child releases differently (fork_guard)
 
     @property
     def client_id(self) -> str | None:
@@ -116,6 +118,8 @@ class _Attachment:
             pass
 
     def release(self) -> None:
+        if release_in_forked_child(self):
+            return
         self.stop.set()
         if self.heartbeat_thread is not None and self.heartbeat_thread is not threading.current_thread():
             self.heartbeat_thread.join(timeout=5.0)
