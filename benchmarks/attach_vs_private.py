@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -26,11 +25,12 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from benchmarks.common import summary, timed, write_json  # noqa: E402
-from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
 from engram_client.cuda_host import HostRegistration  # noqa: E402
 from engramd.checkpoint import read_checkpoint  # noqa: E402
 from engramd.synth import write_checkpoint  # noqa: E402
+from engram_client.tools.serve_process import launch_serve  # noqa: E402
 
 
 def private_copy(plan) -> float:
@@ -67,8 +67,7 @@ def main() -> None:
     synth_s = time.perf_counter() - started
     plan = read_checkpoint(ckpt)
     endpoint = f"ipc://{args.workdir}/engramd.sock"
-    daemon = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--checkpoint", ckpt, "--socket", endpoint,
-                               "--shm-dir", shm, "--load-threads", "8", "--no-progress", "--log-level", "warning"])
+    daemon = launch_serve(endpoint, shm, "--checkpoint", ckpt, "--load-threads", "8")
     try:
         started = time.perf_counter()
         with EngramClient(endpoint=endpoint, device="cpu", timeout=1800) as probe:

@@ -28,101 +28,18 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError, EngramError, UnknownClientError
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-START_TIMEOUT_S = 120.0
-
-
-# --- one client process ------------------------------------------------------------------
-
-def _heartbeats(endpoint: str, state: dict, interval: float, timeout: float, stop: threading.Event) -> None:
-    connection = DaemonConnection(endpoint)
-    try:
-        while not stop.wait(interval):
-            started = time.perf_counter()
-            try:
-                connection.request("heartbeat", {"client_id": state["client_id"], "secret": state["secret"]},
-                                   timeout=timeout)
-                state["heartbeats"] += 1
-                state["heartbeat_latencies"].append(time.perf_counter() - started)
-            except UnknownClientError:
-                state["unknown_client"] += 1
-                try:  # as EngramClient does: attach again, and go on
-                    reply = connection.request("attach", state["attach_args"], timeout=timeout)
-                    state["client_id"], state["secret"] = reply["client_id"], reply["lease_secret"]
-                except DaemonUnavailableError:
-                    state["unanswered"]["attach"] += 1
-                except EngramError as exc:
-                    state["errors"].append(f"re-attach: {exc}")
-            except DaemonUnavailableError:
-                state["unanswered"]["heartbeat"] += 1
-            except EngramError as exc:
-                state["errors"].append(f"heartbeat: {exc}")
-    finally:
-        connection.close()
-
-
-def client_main(index: int, endpoint: str, seconds: float, timeout: float, interval: float, ready, go, release,
-                results) -> None:
-    """One client process; everything it has to say goes on ``ready`` and ``results``."""
-    state = {"index": index, "pid": os.getpid(), "client_id": None, "heartbeats": 0, "heartbeat_latencies": [],
-             "unknown_client": 0, "unanswered": {"status": 0, "heartbeat": 0, "attach": 0, "detach": 0},
-             "status_latencies": [], "errors": [], "torch_imported": False,
-             "attach_args": {"pid": os.getpid(), "host": socket.gethostname(), "rank": index, "device": "cpu"}}
-    connection = DaemonConnection(endpoint)
-    stop = threading.Event()
-    heartbeat = None
-    try:
-        try:
-            reply = connection.request("attach", state["attach_args"], timeout=timeout)
-        except DaemonUnavailableError:
-            state["unanswered"]["attach"] += 1
-            raise
-        state["client_id"], state["secret"] = reply["client_id"], reply["lease_secret"]
-        heartbeat = threading.Thread(target=_heartbeats, name="heartbeat", daemon=True,
-                                     args=(endpoint, state, reply["lease_seconds"] / 3, timeout, stop))
-        heartbeat.start()
-        ready.put((index, state["client_id"], None))
-        if not go.wait(START_TIMEOUT_S):
-            raise TimeoutError(f"client {index}: no start signal within {START_TIMEOUT_S} s")
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            started = time.perf_counter()
-            try:
-                status = connection.request("status", timeout=timeout)
-                state["status_latencies"].append(time.perf_counter() - started)
-                if status.get("state") != "ready":
-                    state["errors"].append(f"status state {status.get('state')}")
-            except DaemonUnavailableError:
-                state["unanswered"]["status"] += 1
-            if interval:
-                time.sleep(interval)
-        state["torch_imported"] = "torch" in sys.modules
-        results.put({key: value for key, value in state.items() if key not in ("attach_args", "secret")})
-        if not release.wait(START_TIMEOUT_S + seconds):  # keep the lease until the main process has looked
-            raise TimeoutError(f"client {index}: no release signal")
-        stop.set()
-        heartbeat.join(timeout=timeout + 1)
-        try:
-            connection.request("detach", {"client_id": state["client_id"], "secret": state["secret"]}, timeout=timeout)
-        except DaemonUnavailableError:
-            results.put({"index": index, "late_unanswered": "detach"})
-        except UnknownClientError:
-            results.put({"index": index, "late_lost": "detach"})
-    except BaseException as exc:  # reported, never silent
-        ready.put((index, None, f"{type(exc).__name__}: {exc}"))
-        results.put({"index": index, "fatal": f"{type(exc).__name__}: {exc}"})
-    finally:
-        stop.set()
-        connection.close()
+from benchmarks.load_client_process import START_TIMEOUT_S, client_main  # noqa: E402
+from engram_client.connection import DaemonConnection  # noqa: E402
+from engram_client.core.errors import EngramError  # noqa: E402
+from engram_client.readiness import wait_ready  # noqa: E402
+from engram_client.tools.serve_process import launch_serve  # noqa: E402
 
 
 # --- the daemon, when this script starts it ------------------------------------------------
@@ -134,9 +51,8 @@ class OwnDaemon:
         self.endpoint = f"ipc://{self.socket_dir}/engramd.sock"
         self.log_path = os.path.join(self.socket_dir, "engramd.log")
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", self.endpoint,
-                                          "--shm-dir", self.shm_dir, "--no-progress", "--log-level", "warning",
-                                          "--lease-seconds", str(lease_seconds)], stdout=log, stderr=subprocess.STDOUT)
+            self.proc = launch_serve(self.endpoint, self.shm_dir, "--lease-seconds", str(lease_seconds), output=log,
+                                     allow_disk=not os.path.isdir("/dev/shm"))
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
@@ -152,24 +68,6 @@ class OwnDaemon:
                 self.proc.wait(timeout=10)
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
-
-
-def wait_ready(connection: DaemonConnection, timeout: float, proc: subprocess.Popen | None) -> dict:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"engramd exited with {proc.returncode} before it was ready")
-        try:
-            last = connection.request("status", timeout=1.0)
-            if last["state"] == "ready":
-                return last
-            if last["state"] == "failed":
-                raise RuntimeError(f"engramd failed to load: {last.get('error')}")
-        except DaemonUnavailableError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"engramd at {connection.endpoint} was not ready within {timeout} s "
-                       f"(last state {last and last.get('state')})")
 
 
 def rss_mib(pid: int) -> float | None:
@@ -195,7 +93,7 @@ def run(args) -> dict:
     processes = []
     try:
         connection = DaemonConnection(endpoint)
-        first = wait_ready(connection, 60.0, own.proc if own else None)
+        first = wait_ready(connection, 60.0, daemon=own.proc if own else None)
         daemon_pid, rss_start = first.get("pid"), rss_mib(first.get("pid") or 0)
         context = multiprocessing.get_context("spawn")
         ready, results, go, release = context.Queue(), context.Queue(), context.Event(), context.Event()

@@ -25,7 +25,9 @@ import torch  # noqa: E402
 
 from benchmarks.common import write_json  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
-from engramd.bench import SIZES, IdSampler, _time_ms, measure_overlap, start_daemon  # noqa: E402
+from engram_client.tools.bench import start_daemon  # noqa: E402
+from engram_client.tools.bench_ids import SIZES, IdSampler  # noqa: E402
+from engram_client.tools.bench_timing import measure_overlap, time_ms  # noqa: E402
 
 # (ids per block, warps per program, programs (None: one per block of ids), the model's stream
 # priority (0: the default stream's, the lowest; -1: a high-priority stream, so that the
@@ -42,7 +44,7 @@ def measure(table, sampler: IdSampler, iterations: int, overlap_steps: int) -> d
         times = []
         for _ in range(iterations):
             ids = sampler.sample(rows, "uniform")
-            times.append(_time_ms(lambda: table.prefetch(ids).wait(), stream))
+            times.append(time_ms(lambda: table.prefetch(ids).wait(), stream))
         alone[rows] = statistics.median(times)
     overlap = measure_overlap(table, sampler, overlap_steps)
     serial = overlap["alone_ms"]["median_ms"] + overlap_steps * alone[SIZES[-1]]
@@ -72,7 +74,8 @@ def main() -> None:
                   f"{'mm alone':>8} {'mm with':>8} {'slowdown':>8} {'both done':>9} {'serial':>7}")
             results = []
             for block_rows, num_warps, programs, priority in CONFIGS:
-                table = replace(base, block_rows=block_rows, num_warps=num_warps, max_programs=programs)
+                table = replace(base, config=replace(base.config, path="uva", block_rows=block_rows,
+                                                     num_warps=num_warps, max_programs=programs))
                 head = f"{block_rows:>8} {num_warps:>5} {programs or 'all':>5} {priority:>4}"
                 try:
                     with torch.cuda.stream(torch.cuda.Stream(device, priority=priority)):

@@ -21,21 +21,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import summary, write_json  # noqa: E402
 from engram_client.connection import DaemonConnection  # noqa: E402
-from engram_client.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
-from engram_client.errors import EngramError  # noqa: E402
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
+from engram_client.core.errors import EngramError  # noqa: E402
+from engram_client.core.protocol import READY  # noqa: E402
+from engram_client.tools.serve_process import launch_serve  # noqa: E402
 
 
 def start(endpoint: str, shm: str, vocab: int, threads: int) -> tuple[subprocess.Popen, float, dict]:
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm,
-                             "--demo-vocab-size", str(vocab), "--load-threads", str(threads), "--no-progress",
-                             "--log-level", "warning"])
+    proc = launch_serve(endpoint, shm, "--demo-vocab-size", str(vocab), "--load-threads", str(threads))
     connection = DaemonConnection(endpoint)
     deadline = started + 3600
     while time.monotonic() < deadline:
         try:
             status = connection.request("status", timeout=0.5)
-            if status["state"] == "ready":
+            if status["state"] == READY:
                 connection.close()
                 return proc, time.monotonic() - started, status
         except EngramError:

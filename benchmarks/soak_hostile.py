@@ -33,9 +33,11 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import write_json  # noqa: E402
-from engram_client import protocol  # noqa: E402
+from engram_client.core import protocol  # noqa: E402
 from engram_client.connection import DaemonConnection  # noqa: E402
-from engram_client.errors import EngramError  # noqa: E402
+from engram_client.core.errors import EngramError  # noqa: E402
+from engram_client.readiness import wait_ready  # noqa: E402
+from engram_client.tools.serve_process import launch_serve  # noqa: E402
 
 SAMPLE_S = 5.0
 BIG_SUBSCRIBER = (
@@ -48,7 +50,7 @@ def honest_client(endpoint: str, seconds: float, results) -> None:
     import torch
 
     from engram_client import EngramClient
-    from engram_client.demo_rows import demo_rows
+    from engram_client.core.demo_rows import demo_rows
     from engram_client.reference import reference_bf16_bits, same_bf16
 
     report = {"pid": os.getpid(), "lookups": 0, "rows": 0, "mismatches": 0, "lease_changes": 0, "errors": []}
@@ -159,23 +161,12 @@ def run(args) -> dict:
     socket_dir, shm_dir = tempfile.mkdtemp(prefix="soak-"), tempfile.mkdtemp(prefix="soak-", dir="/dev/shm")
     endpoint = f"ipc://{socket_dir}/engramd.sock"
     log = open(os.path.join(socket_dir, "engramd.log"), "wb")
-    daemon = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
-                               "--no-progress"], stdout=log, stderr=subprocess.STDOUT)
+    daemon = launch_serve(endpoint, shm_dir, log_level="info", output=log)
     attacks = {attack.__name__: 0 for attack in ATTACKS}
     samples = []
     try:
         probe = DaemonConnection(endpoint)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                status = probe.request("status", timeout=2)
-                if status["state"] == "ready":
-                    break
-            except EngramError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not become ready within 60 s")
-            time.sleep(0.1)
+        status = wait_ready(probe, 60.0, daemon=daemon)
         events = status["events_endpoint"]
         results = mp.get_context("spawn").Queue()
         clients = [mp.get_context("spawn").Process(target=honest_client, args=(endpoint, args.seconds, results))

@@ -2,20 +2,24 @@
 
 The public API is what this module exports; tests pin it.  Names that need torch are
 imported on first use, so the daemon and light tools that only speak the protocol
-(``engram_client.protocol``, ``.connection``, ``.errors``) never pay for torch.
+(``engram_client.core``, ``engram_client.connection``) never pay for torch.
 """
-from .errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
+from .core.errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
                      EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotCapturableError,
-                     NotReadyError,
-                     ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError)
-from .protocol import PROTOCOL_VERSION, default_endpoint
+                     NotReadyError, ConfigError,
+                     ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError,
+                     UnknownLayerError)
+from .core.errors import HasherUnavailableError, TokenIdsError
+from .core.endpoints import default_endpoint
+from .core.protocol import PROTOCOL_VERSION
+from .core.version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
-    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError",
+    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
+    "UnknownLayerError", "TokenIdsError", "HasherUnavailableError",
 ]
 _LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
 

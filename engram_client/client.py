@@ -3,14 +3,13 @@
     with EngramClient(endpoint=None, device="cuda:0", timeout=60.0) as client:
         out = client.table(1).lookup(ids)
 
-Construction connects, waits (bounded) until the daemon's table is ready, attaches,
-maps the table read-only, and on CUDA registers it (whole layers, or only the rows
-given in ``row_ranges``) and verifies that the GPU reads the same bytes as the
-host.  A heartbeat thread keeps the lease, re-attaches after a daemon restart, and
-notices when the daemon serves a newer generation: ``refresh()`` moves to it at a
-point the caller chooses (or, with ``auto_refresh=True``, before the next lookup).  ``close()``, leaving the ``with``
-block, garbage collection and interpreter exit all detach, unregister and unmap;
-none of them can hang, since every request they make is bounded.
+Construction connects, waits (bounded) until the daemon's table is ready, attaches, maps the
+table read-only, and on CUDA registers it (whole layers, or only the rows given in ``row_ranges``)
+and verifies that the GPU reads the same bytes as the host.  A heartbeat thread keeps the lease,
+re-attaches after a daemon restart, and notices when the daemon serves a newer generation:
+``refresh()`` moves to it at a point the caller chooses (or, with ``auto_refresh=True``, before
+the next lookup).  ``close()``, leaving the ``with`` block, garbage collection and interpreter exit
+all detach, unregister and unmap; none of them can hang, since every request they make is bounded.
 """
 from __future__ import annotations
 
@@ -18,22 +17,23 @@ import logging
 import os
 import socket
 import threading
-import time
 import weakref
 from typing import Any
 
 import torch
 
+from .client_state import ClientState, same_file
 from .connection import DaemonConnection
-from .errors import (CudaRegistrationError, DaemonUnavailableError, EngramError, EngramTimeoutError,
-                     NotAttachedError, NotReadyError, UnknownClientError)
-from .fork_guard import release_in_forked_child
+from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
+from .core.protocol import READY
 from .hot_rows import HotRowCache
-from .generation_map import MappedGeneration
+from .lookup_config import LookupConfig, default_gather_threads
+from .mapped_generation import MappedGeneration
+from .readiness import wait_ready
 from .table import EngramTable
+from .token_rows import hasher_for, prefetch_tokens
 
 log = logging.getLogger("engram_client")
-STATUS_POLL_S = 0.1
 
 
 def default_max_programs(device: torch.device) -> int:
@@ -43,137 +43,13 @@ def default_max_programs(device: torch.device) -> int:
     return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
 
 
-class _Attachment:
-    """Everything a client holds, apart from the client object, so a finalizer can release it."""
-
-    def __init__(self, connection: DaemonConnection):
-        self.connection = connection
-        self.mapped: MappedGeneration | None = None
-        self.tables: dict[int, EngramTable] = {}
-        self.stream = None
-        self.stop = threading.Event()
-        self.heartbeat_thread: threading.Thread | None = None
-        self.boot_id: str | None = None
-        self.lease_lost = False
-        self.refresh_pending = False  # the daemon serves another generation than the one mapped
-        self.attach_args: dict[str, Any] = {}
-        self.lock = threading.RLock()  # refresh vs heartbeat re-attach
-        self.owner_pid = os.getpid()  # a forked child releases differently (fork_guard)
-
-    @property
-    def client_id(self) -> str | None:
-        return self.mapped.lease_id if self.mapped is not None else None
-
-    def heartbeat_loop(self, interval: float) -> None:
-        while not self.stop.wait(interval):
-            try:
-                reply = self.connection.request("heartbeat", self.lease_args(), timeout=interval)
-                self.lease_lost = False
-            except UnknownClientError:
-                self._reattach()
-            except EngramError as exc:
-                if not self.lease_lost:
-                    log.warning("heartbeat to engramd failed: %s", exc)
-                self.lease_lost = True
-            else:
-                if reply.get("boot_id") != self.boot_id:
-                    self._reattach()
-                elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
-                    self.refresh_pending = True
-
-    def _reattach(self) -> None:
-        """The daemon does not know our lease (it expired, or a new daemon runs): attach again.
-        The new lease is on whatever the daemon serves now; if that is not the table we map,
-        we keep serving from ours and flag a refresh."""
-        with self.lock:
-            try:
-                reply = self.connection.request("attach", self.attach_args, timeout=2.0)
-            except EngramError as exc:
-                self.lease_lost = True
-                log.warning("could not re-attach to engramd: %s", exc)
-                return
-            mapped = self.mapped
-            self.boot_id, self.lease_lost = reply["boot_id"], False
-            if mapped is None:
-                return
-            mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")
-            if (reply["table_path"], reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or \
-                    not _same_file(reply["table_path"], mapped):
-                self.refresh_pending = True
-            else:
-                mapped.generation = reply["generation"]
-            log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
-                     "; a refresh is pending" if self.refresh_pending else "")
-
-    def lease_args(self) -> dict[str, str | None]:
-        mapped = self.mapped
-        return {"client_id": mapped.lease_id, "secret": mapped.lease_secret} if mapped is not None else \
-            {"client_id": None}
-
-    def detach_quietly(self, lease_id: str, secret: str) -> None:
-        """Release a lease; if the daemon is gone or already dropped it, it expires by itself."""
-        try:
-            self.connection.request("detach", {"client_id": lease_id, "secret": secret}, timeout=1.0)
-        except EngramError:
-            pass
-
-    def release(self) -> None:
-        if release_in_forked_child(self):
-            return
-        self.stop.set()
-        if self.heartbeat_thread is not None and self.heartbeat_thread is not threading.current_thread():
-            self.heartbeat_thread.join(timeout=5.0)
-        with self.lock:
-            if self.mapped is not None:
-                self.detach_quietly(self.mapped.lease_id, self.mapped.lease_secret)
-                if self.stream is not None:
-                    self.stream.synchronize()
-                for table in self.tables.values():  # handles the caller still holds must not read unmapped pages
-                    table._retire("the client this table belongs to is closed; make a new EngramClient")
-                self.tables.clear()
-                self.mapped.release()
-                self.mapped = None
-            self.connection.close()
-
-
-def _same_file(path: str, mapped: MappedGeneration) -> bool:
-    """Whether ``path`` is still the file we mapped (a restarted daemon may reuse the name)."""
-    if mapped.mapping is None:
-        return False
-    try:
-        return os.stat(path).st_ino == mapped.mapping.inode
-    except OSError:
-        return False
-
-
-def _wait_until_ready(connection: DaemonConnection, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            last = connection.request("status", timeout=max(0.1, min(2.0, remaining)))
-        except DaemonUnavailableError:
-            last = last if isinstance(last, dict) else None
-        if last is not None:
-            if last.get("state") == "ready":
-                return last
-            if last.get("state") == "failed":
-                raise NotReadyError(f"engramd at {connection.endpoint} failed to load its table: {last.get('error')}")
-        if time.monotonic() >= deadline:
-            detail = "no answer" if last is None else f"state {last.get('state')}, loaded " \
-                f"{last['load']['done_bytes']}/{last['load']['total_bytes']} bytes"
-            raise EngramTimeoutError(f"waited {timeout:.1f} s for engramd at {connection.endpoint} "
-                                     f"to have a ready table ({detail})")
-        time.sleep(STATUS_POLL_S)
-
-
 class EngramClient:
     def __init__(self, endpoint: str | None = None, device: str | torch.device = "cuda:0", timeout: float = 60.0,
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
                  lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16,
-                 auto_refresh: bool = False, lookup_timeout: float = 60.0):
+                 auto_refresh: bool = False, lookup_timeout: float = 60.0, lookup_path: str = "auto",
+                 strict_ids: bool = False, gather_threads: int | None = None):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -184,7 +60,7 @@ class EngramClient:
                                        else torch.cuda.current_device())
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
-        self._state = _Attachment(DaemonConnection(endpoint))
+        self._state = ClientState(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
@@ -192,9 +68,11 @@ class EngramClient:
                                  "needs a CUDA device and a non-negative budget")
             if lookup_max_programs is None and self.device.type == "cuda":
                 lookup_max_programs = default_max_programs(self.device)
-            self._table_options = dict(out_dtype=out_dtype, wait_timeout=lookup_timeout, strategy=lookup_strategy,
-                                       max_programs=lookup_max_programs or None)
-            self._hot_cache = (hot_cache_bytes, hot_cache_refresh_every)
+            self.lookup_config = LookupConfig(
+                out_dtype=out_dtype, path=lookup_path, strategy=lookup_strategy, max_programs=lookup_max_programs or None,
+                wait_timeout=lookup_timeout, strict_ids=strict_ids,
+                gather_threads=default_gather_threads(self.device) if gather_threads is None else gather_threads,
+                hot_cache_bytes=hot_cache_bytes, hot_cache_refresh_every=hot_cache_refresh_every)
             self._row_ranges = row_ranges or {}
             self._attach(timeout, rank, heartbeat)
         except BaseException:
@@ -203,7 +81,7 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
-        _wait_until_ready(state.connection, timeout)
+        wait_ready(state.connection, timeout, min_request_timeout=0.1)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
                              "device": str(self.device)}
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
@@ -214,8 +92,13 @@ class EngramClient:
             self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self.device.type == "cpu" or self.lookup_config.path != "uva":
+            from .host_lookup import open_pool
+
+            state.pool = open_pool(self.lookup_config.gather_threads)
         for layer, lv in state.mapped.layers.items():
             state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
+        state.hasher = hasher_for(state.mapped)
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)
             state.heartbeat_thread = threading.Thread(target=state.heartbeat_loop, args=(interval,),
@@ -223,12 +106,18 @@ class EngramClient:
             state.heartbeat_thread.start()
 
     def _new_table(self, lv, layer_count: int) -> EngramTable:
-        """A table with every lookup option this client was given, for one layer's view."""
-        budget, refresh_every = self._hot_cache
-        cache = HotRowCache.for_budget(budget // layer_count, lv.layout.head_dim, self._table_options["out_dtype"],
-                                       self.device, refresh_every=refresh_every) if budget else None
-        return EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, hot_cache=cache,
-                           before_call=self._before_call_hook(), **self._table_options)
+        """A table with this client's lookup config, for one layer's view (warmed on CUDA: the
+        host path's first host function and kernel launch are slow, and belong to attach)."""
+        config = self.lookup_config
+        cache = HotRowCache.for_budget(config.hot_cache_bytes // layer_count, lv.layout.head_dim, config.out_dtype,
+                                       self.device, refresh_every=config.hot_cache_refresh_every) \
+            if config.hot_cache_bytes else None
+        table = EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, config=config,
+                            host_rows=lv.host_view, pool=self._state.pool, hot_cache=cache,
+                            before_call=self._before_call_hook())
+        if table._host is not None and self.device.type == "cuda":
+            table._host.warm(table)
+        return table
 
     def _before_call_hook(self):
         """A hook for the tables that does not keep the client alive: a table reachable from
@@ -254,13 +143,18 @@ class EngramClient:
             if old is None:
                 raise NotAttachedError("client is closed")
             status = state.connection.request("status", timeout=5.0)
-            if status["state"] != "ready" or (status["generation"], status["fingerprint"], status["table_path"]) == \
-                    (old.generation, old.fingerprint, old.path) and _same_file(old.path, old):
+            if status["state"] != READY or (status["generation"], status["fingerprint"], status["table_path"]) == \
+                    (old.generation, old.fingerprint, old.path) and same_file(old.path, old):
                 state.refresh_pending = False
                 return False
             reply = state.connection.request("attach", state.attach_args, timeout=10.0)
             try:
                 new = MappedGeneration.open(reply, self.device, self._row_ranges)
+                try:
+                    new_hasher = hasher_for(new)
+                except BaseException:
+                    new.release()
+                    raise
             except BaseException:
                 self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
                 raise
@@ -271,10 +165,12 @@ class EngramClient:
                     state.tables.pop(layer)._retire(f"layer {layer} is not in generation {new.generation}")
             for layer, lv in new.layers.items():
                 if layer in state.tables:
-                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi)
+                    state.tables[layer].release()  # graphs captured on the old rows must not read them
+                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view)
                 else:
                     state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
+            state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id, old.lease_secret)
             old.release()
             log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
@@ -298,12 +194,27 @@ class EngramClient:
 
     # -- public API ------------------------------------------------------------------------
     def table(self, layer: int) -> EngramTable:
+        """The table of one Engram layer, by its layer id (an int, as in ``client.layers``)."""
         tables = self._state.tables
         if not tables:
             raise NotAttachedError("client is closed")
-        if layer not in tables:
-            raise KeyError(f"layer {layer} is not in this table (layers {self.layers})")
-        return tables[layer]
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):  # "1" would only look absent
+            raise UnknownLayerError(f"layer ids are ints, got {type(layer).__name__} {layer!r}: "
+                                    f"use one of {self.layers}")
+        if (table := tables.get(layer.__index__())) is None:
+            raise UnknownLayerError(f"layer {layer} is not in this table (layers {self.layers})")
+        return table
+
+    @property
+    def hasher(self):
+        """Token ids -> row ids for this table (engram_client.hashing); where the table has no token
+        map, an object whose every use raises HasherUnavailableError saying why."""
+        return self._state.hasher
+
+    def prefetch_tokens(self, token_ids: torch.Tensor, seq_starts=None, history: torch.Tensor | None = None):
+        """Hash ``token_ids`` (packed sequences starting at ``seq_starts``) and start every layer's
+        lookup; returns {layer: handle}, each handle's output [tokens, heads, head_dim]."""
+        return prefetch_tokens(self._state.hasher, self._state.tables, token_ids, seq_starts, history)
 
     @property
     def client_id(self) -> str | None:

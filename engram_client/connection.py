@@ -19,14 +19,14 @@ from typing import Any
 
 import zmq
 
-from . import protocol
-from .errors import REPLY_ERRORS, DaemonUnavailableError, NotAttachedError, ProtocolError, RequestError
+from .core import endpoints, protocol
+from .core.errors import REPLY_ERRORS, DaemonUnavailableError, NotAttachedError, ProtocolError, RequestError
 from .socket_trust import check_socket_trust
 
 
 class DaemonConnection:
-    def __init__(self, endpoint: str | None = None, curve_keys_dir: str | None = None):
-        self.endpoint = endpoint or protocol.default_endpoint()
+    def __init__(self, endpoint: str | None = None, curve_keys_dir: str | None = None) -> None:
+        self.endpoint = endpoint or endpoints.default_endpoint()
         self.curve_keys_dir = curve_keys_dir
         if self.endpoint.startswith("tcp://") and curve_keys_dir is None:
             raise ProtocolError(f"{self.endpoint}: engramd serves TCP only with CURVE; give the keys directory")
@@ -39,7 +39,7 @@ class DaemonConnection:
 
     def _check_socket_access(self) -> None:
         """A socket file we may not open would only show up as a timeout; say so at once."""
-        path = protocol.ipc_path(self.endpoint)
+        path = endpoints.ipc_path(self.endpoint)
         if path is not None and os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
             raise DaemonUnavailableError(f"permission denied on {path}: this user may not talk to engramd "
                                          "(the daemon's --group decides who may)")
@@ -52,7 +52,7 @@ class DaemonConnection:
 
     def _open(self) -> zmq.Socket:
         if self._socket is None:
-            path = protocol.ipc_path(self.endpoint)
+            path = endpoints.ipc_path(self.endpoint)
             if path is not None:
                 check_socket_trust(path)  # again at every (re)connection: a sticky dir's socket may be new
             sock = self._context.socket(zmq.DEALER)

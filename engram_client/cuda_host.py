@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import CudaRegistrationError
+from .core.errors import CudaRegistrationError
 
 MAX_CHUNK = 64 * 2**30
 REGISTER_PORTABLE, REGISTER_MAPPED, REGISTER_READ_ONLY = 0x1, 0x2, 0x8

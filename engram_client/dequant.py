@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .layout import QUANT_BLOCK
+from .core.layout import QUANT_BLOCK
 
 E8M0_ZERO_BITS = 0x00400000  # 2^-127
 E8M0_NAN_BITS = 0x7FC00000

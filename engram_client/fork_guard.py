@@ -1,10 +1,11 @@
-"""What a forked child may do with the client its parent attached: look up, and let go.
+"""What a forked child may do with the client its parent attached: let it go, and exit.
 
-After fork(2) the child has the parent's mapping (MAP_SHARED pages stay valid), but not
-its threads, not libzmq's I/O thread and not a usable CUDA context, and any lock held at
-the moment of the fork stays held forever.  So in a child the connection refuses every
-request (connection.py), and releasing the client only retires its tables and unmaps the
-child's copy of the mapping: no detach (the lease is the parent's), no CUDA call, no lock.
+After fork(2) the child has the parent's mapping, but not its threads (the gather pool's
+and libzmq's I/O thread), not a usable CUDA context, and any lock held at the moment of
+the fork stays held forever.  So in a child the connection refuses every request
+(connection.py), the gather pool refuses every lookup (_host_gather.c), both with
+NotAttachedError, and releasing the client only retires its tables and unmaps the child's
+copy of the mapping: no detach (the lease is the parent's), no CUDA call, no lock.
 """
 from __future__ import annotations
 
@@ -26,5 +27,7 @@ def release_in_forked_child(attachment) -> bool:
     mapped, attachment.mapped = attachment.mapped, None
     if mapped is not None and mapped.mapping is not None:
         mapped.mapping.close()  # the child's own copy of the address space; the parent's is untouched
+    if getattr(attachment, "pool", None) is not None:
+        attachment.pool.close()  # in a child the C pool only marks itself closed: its threads are the parent's
     attachment.connection.close()  # drops the parent's socket without touching it
     return True

@@ -8,7 +8,8 @@ cached row can never be stale.
 
 Off by default: its bytes come out of the engine's HBM (the KV cache).  Refreshing
 (counting, choosing, fetching the new rows) runs on the prefetch stream every
-``refresh_every`` calls and waits for it once; lookups themselves never wait on it.
+``refresh_every`` calls and waits for it once; lookups themselves never wait on it.  It
+fetches rows through the UVA launcher with the table's LookupConfig.
 """
 from __future__ import annotations
 
@@ -61,8 +62,11 @@ class HotRowCache:
         position = torch.searchsorted(self.keys, ids.to(torch.int64)).clamp_(max=self.keys.numel() - 1)
         return torch.where(self.keys[position] == ids, position, -1)
 
-    def refresh(self, fetch, row_lo: int, row_hi: int) -> None:
-        """Re-choose the hottest rows seen; ``fetch(keys, out)`` fills their dequantized rows."""
+    def refresh(self, rows_view: torch.Tensor, row_lo: int, row_hi: int, row_bytes: int, config) -> None:
+        """Re-choose the hottest rows seen and fetch them from ``rows_view`` (rows [row_lo, row_hi))
+        with the UVA lookup kernel, launched as ``config`` (a LookupConfig) says."""
+        from .kernels.lookup import launch_lookup
+
         if not self._seen:
             return
         seen = torch.cat(list(self._seen))
@@ -73,6 +77,7 @@ class HotRowCache:
         k = min(self.capacity, unique.numel())
         keys = torch.sort(unique[torch.topk(counts, k, sorted=False).indices]).values
         rows = torch.empty((k, self.head_dim), dtype=self.out_dtype, device=self.device)
-        fetch(keys, rows)
+        scratch = torch.zeros(1, dtype=torch.int32, device=self.device)  # every key is in range
+        launch_lookup(rows_view, keys, rows, scratch, row_lo, row_hi, self.head_dim, row_bytes, config)
         self.keys, self.rows = keys, rows
         self.refreshes += 1

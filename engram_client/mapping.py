@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from .errors import TableFileError
+from .core.errors import TableFileError
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import DaemonUnavailableError
+from .core.errors import DaemonUnavailableError
 
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
 

@@ -1,9 +1,12 @@
 """One layer's table as a rank sees it: exact lookups, synchronous or prefetched.
 
-On CPU the rows are read from the read-only mapping and dequantized in torch.  On
-CUDA they are read through UVA by the Triton kernel on the client's prefetch
-stream.  Either way an id outside the table (or outside the registered row range)
-is never read and raises IdsOutOfRangeError.
+On CPU the client's gather pool copies the rows out of the read-only mapping and torch
+dequantizes them.  On CUDA a call takes one of two paths (LookupConfig.path, chosen per call
+under "auto"): the host path (host_lookup.py: CPU threads gather, the copy engine moves rows,
+a small kernel dequantizes in HBM; capturable in CUDA graphs) or the UVA path (uva_lookup.py:
+the Triton kernel reads rows over PCIe).  Either way an id outside the table (or outside the
+registered row range) is never read: ids from the host raise IdsOutOfRangeError at once,
+others zero their rows and are reported once their lookup has finished (out_of_range.py).
 """
 from __future__ import annotations
 
@@ -13,53 +16,61 @@ from typing import Callable
 import torch
 
 from .dequant import dequantize_rows
-from .errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
-from .layout import LayerLayout
+from .core.errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
+from .core.layout import LayerLayout
 from .hot_rows import HotRowCache
+from .host_lookup import HostPath, count_outside, stream_capturing
+from .lookup_config import LookupConfig
+from .out_of_range import OutOfRangeLedger
 from .prefetch import PrefetchHandle
-
-STRATEGIES = ("auto", "dedup", "direct")
-# Measured on an H200 with a 64 GiB table (docs/BENCHMARKS.md): direct wins at 49,152 ids,
-# dedup at 393,216, for uniform and Zipf ids alike.
-DEDUP_MIN_ROWS = 131072
+from .uva_lookup import refresh_hot_rows, uva_prefetch
 
 
 @dataclass
 class EngramTable:
     layout: LayerLayout
-    rows_view: torch.Tensor  # uint8 bytes of rows [row_lo, row_hi), CPU mapping or CUDA UVA view
+    rows_view: torch.Tensor  # uint8 bytes of rows [row_lo, row_hi): the CPU mapping, or its CUDA UVA view
     row_lo: int
     row_hi: int
     device: torch.device
     stream: "torch.cuda.Stream | None" = None
-    out_dtype: torch.dtype = torch.bfloat16
-    wait_timeout: float = 60.0
-    # "dedup": sort the ids, fetch each distinct row once in address order (neighbouring
-    # fetches share page-table walks; a row many ids want crosses PCIe once), copy repeats
-    # within GPU memory; "direct": fetch every id as given.  See docs/BENCHMARKS.md.
-    # "auto" picks dedup from DEDUP_MIN_ROWS ids up, where sorting pays for itself.
-    strategy: str = "auto"
-    # Cap on the lookup kernels' programs: a bounded grid leaves most SMs to the model's
-    # kernels while a prefetch runs beside them.  None: one program per block of ids.
-    max_programs: int | None = None
-    # Ids per block and warps per program of the lookup kernels (benchmarks/lookup_grid.py):
-    # measured at 16 and 4; 32 and 64 ids per block failed to compile with Triton 3.6.
-    block_rows: int = 16
-    num_warps: int = 4
+    config: LookupConfig = field(default_factory=LookupConfig)
+    host_rows: torch.Tensor | None = None  # the same bytes in the host mapping (default: rows_view on CPU)
+    pool: object = None  # the client's GatherPool (host path and CPU lookups)
     hot_cache: HotRowCache | None = None
     before_call: Callable[[], None] | None = None  # the client's hook: an automatic refresh happens here
     retired: str | None = None  # why this table can no longer serve
+    ledger: OutOfRangeLedger = field(init=False, repr=False)
+    _host: HostPath | None = field(default=None, init=False, repr=False)
     _zero_count: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _description: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"lookup strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if self.max_programs is not None and self.max_programs < 1:
-            raise ValueError(f"max_programs must be positive or None, got {self.max_programs}")
-        for name in ("block_rows", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two, got {value}")
+        if not isinstance(self.config, LookupConfig):
+            raise TypeError(f"config must be a LookupConfig, got {type(self.config).__name__}")
+        if self.host_rows is None and self.rows_view.device.type == "cpu":
+            self.host_rows = self.rows_view
+        self.ledger = OutOfRangeLedger(self._describe)
+        if self.pool is not None and self.host_rows is not None:
+            self._host = HostPath(self.pool, self.head_dim, self.layout.row_bytes, self.device, self.stream,
+                                  self.config)
+
+    # Read-only views of the config, for callers that read a table's options.
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.config.out_dtype
+
+    @property
+    def strategy(self) -> str:
+        return self.config.strategy
+
+    @property
+    def max_programs(self) -> int | None:
+        return self.config.max_programs
+
+    @property
+    def wait_timeout(self) -> float:
+        return self.config.wait_timeout
 
     @property
     def layer(self) -> int:
@@ -86,29 +97,37 @@ class EngramTable:
         return self.row_lo, self.row_hi
 
     def _describe(self) -> str:
-        whole = (self.row_lo, self.row_hi) == (0, self.num_rows)
-        return f"layer {self.layer}'s rows [{self.row_lo}, {self.row_hi})" + ("" if whole else " (registered range)")
+        """The rows as errors name them (cached: every prefetch hands it to its handle)."""
+        if self._description is None:
+            whole = (self.row_lo, self.row_hi) == (0, self.num_rows)
+            self._description = f"layer {self.layer}'s rows [{self.row_lo}, {self.row_hi})" + \
+                ("" if whole else " (registered range)")
+        return self._description
 
-    def _check_ids(self, ids: torch.Tensor) -> None:
-        if not isinstance(ids, torch.Tensor):
-            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
-        if ids.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"ids must be int32 or int64, got {ids.dtype}")
-
-    def _count_out_of_range(self, ids: torch.Tensor) -> int:
-        return int(((ids < self.row_lo) | (ids >= self.row_hi)).sum())
-
-    def _swap(self, layout: LayerLayout, rows_view: torch.Tensor, row_lo: int, row_hi: int) -> None:
+    def _swap(self, layout: LayerLayout, rows_view: torch.Tensor, row_lo: int, row_hi: int,
+              host_rows: torch.Tensor | None = None) -> None:
         """Serve another generation's rows from now on (the client has drained the stream)."""
+        same_rows = (layout.head_dim, layout.row_bytes) == (self.layout.head_dim, self.layout.row_bytes)
         self.layout, self.rows_view, self.row_lo, self.row_hi = layout, rows_view, row_lo, row_hi
+        self._description = None
+        self.host_rows = host_rows if host_rows is not None or rows_view.device.type != "cpu" else rows_view
+        if self._host is not None and not same_rows:
+            self._host = HostPath(self.pool, self.head_dim, layout.row_bytes, self.device, self.stream, self.config)
         if self.hot_cache is not None:
             self.hot_cache.clear()  # cached rows are the old generation's
 
     def _retire(self, reason: str) -> None:
-        self.retired, self.rows_view = reason, None
+        self.retired, self.rows_view, self.host_rows = reason, None, None
+        self.release()
+
+    def release(self) -> None:
+        """The rows are going away (close, refresh): graphs captured here must not read them again."""
+        if self._host is not None:
+            self._host.release()
+        self.ledger.drain()
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """bf16 rows [*ids.shape, head_dim] on the client's device; blocks until they are there."""
+        """Rows [*ids.shape, head_dim] on the client's device; blocks until they are there."""
         return self.prefetch(ids).wait()
 
     def prefetch(self, ids: torch.Tensor) -> PrefetchHandle:
@@ -117,70 +136,51 @@ class EngramTable:
             self.before_call()
         if self.retired is not None:
             raise NotAttachedError(self.retired)
-        self._check_ids(ids)
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dtype is not torch.int64 and ids.dtype is not torch.int32:
+            raise TypeError(f"ids must be int32 or int64, got {ids.dtype}")
+        self.ledger.raise_finished()
         shape = tuple(ids.shape)
         flat = ids.reshape(-1)
-        if flat.device.type == "cpu":
-            bad = self._count_out_of_range(flat)  # cheap here, and the caller hears of it at once
-            if bad:
-                raise IdsOutOfRangeError(f"{bad} of {flat.numel()} ids are outside {self._describe()}; "
-                                         "their rows were not read")
+        n = flat.numel()
         if self.device.type == "cpu":
             return self._cpu_lookup(flat, shape)
-        return self._cuda_prefetch(flat, shape)
+        if n == 0:
+            return PrefetchHandle(torch.empty((0, self.head_dim), dtype=self.config.out_dtype, device=self.device),
+                                  shape, self._describe())
+        caller = torch._C._cuda_getCurrentRawStream(self.device.index)
+        capturing = stream_capturing(caller)
+        # A capture always takes the host path: the UVA path's sort and counters cannot be captured.
+        if capturing or self.config.choose_path(n) == "host":
+            if self._host is None:
+                raise NotCapturableError("lookups inside a CUDA graph capture need the host path, and this table "
+                                         "has no gather pool") if capturing else \
+                    EngramError("lookup_path 'host' needs the client's gather pool; this table has none")
+            return self._host.prefetch(self, flat, shape, caller, capturing)  # checks host ids itself
+        if flat.device.type == "cpu":
+            flat = self._checked_host_ids(flat)
+        return uva_prefetch(self, flat, shape)
+
+    def _checked_host_ids(self, flat: torch.Tensor) -> torch.Tensor:
+        """Ids from the host, contiguous, counted there (cheaply): a bad one raises at once."""
+        flat = flat.contiguous()
+        bad = count_outside(flat.data_ptr(), flat.dtype is torch.int64, flat.numel(), self.row_lo, self.row_hi)
+        if bad:
+            raise IdsOutOfRangeError(f"{bad} of {flat.numel()} ids are outside {self._describe()}; "
+                                     "their rows were not read")
+        return flat
 
     def _cpu_lookup(self, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
         if flat.device.type != "cpu":
             raise EngramError(f"ids are on {flat.device} but this client's device is cpu")
-        rows = self.rows_view.view(-1, self.layout.row_bytes)[flat.to(torch.int64) - self.row_lo]
-        out = dequantize_rows(rows, self.head_dim, self.out_dtype)
+        flat = self._checked_host_ids(flat)
+        if self._host is not None:
+            rows = self._host.gather_rows(self, flat)
+        else:
+            rows = self.rows_view.view(-1, self.layout.row_bytes)[flat.to(torch.int64) - self.row_lo]
+        out = dequantize_rows(rows, self.head_dim, self.config.out_dtype)
         return PrefetchHandle(out, shape, self._describe())
-
-    def _cuda_prefetch(self, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
-        from .kernels.lookup import launch_lookup, launch_lookup_dedup
-
-        if torch.cuda.is_current_stream_capturing():
-            # Capture would fail deep inside torch (a host sync, a side stream's allocations),
-            # or record a lookup of whatever ids the capture saw.  Say so where the mistake is.
-            raise NotCapturableError("an Engram lookup cannot be captured in a CUDA graph: call prefetch() and "
-                                     "wait() outside the captured region and feed the output in as a static "
-                                     "input (docs/integration.md, 'CUDA graphs')")
-        caller = torch.cuda.current_stream(self.device)
-        # prefetch() has counted ids that came from the host: none is out of range, so the kernel's
-        # count needs no copy back and wait() no host sync.  Ids on the GPU are counted by the kernel.
-        host_checked = flat.device.type == "cpu"
-        if host_checked:
-            # Through pinned memory, so that the copy is a plain asynchronous DMA: from pageable
-            # memory the driver stages it, on the host's time.  torch's host allocator keeps the
-            # pinned block until the copy has run.
-            staged = flat if flat.is_pinned() else flat.contiguous().pin_memory()
-            flat = staged.to(self.device, non_blocking=True)
-        elif flat.device != self.device:
-            flat = flat.to(self.device, non_blocking=True)  # ids on another GPU: the kernel counts them here
-        flat = flat.contiguous()
-        # Allocated on the caller's stream, so the memory belongs to the consumer of the result.
-        out = torch.empty((flat.numel(), self.head_dim), dtype=self.out_dtype, device=self.device)
-        bad_host = None if host_checked else torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        self.stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
-        with torch.cuda.stream(self.stream):
-            bad_count = self._unused_count() if host_checked else torch.zeros(1, dtype=torch.int32,
-                                                                              device=self.device)
-            refresh_due = self.hot_cache is not None and self.hot_cache.observe(flat)
-            dedup = self.strategy == "dedup" or (self.strategy == "auto" and flat.numel() >= DEDUP_MIN_ROWS)
-            launch = launch_lookup_dedup if dedup else launch_lookup
-            launch(self.rows_view, flat, out, bad_count, self.row_lo, self.row_hi, self.head_dim,
-                   self.layout.row_bytes, block_rows=self.block_rows, max_programs=self.max_programs,
-                   cache=self.hot_cache, num_warps=self.num_warps)
-            if bad_host is not None:
-                bad_host.copy_(bad_count, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-            if refresh_due:
-                self.refresh_hot_rows()
-        flat.record_stream(self.stream)
-        out.record_stream(self.stream)
-        return PrefetchHandle(out, shape, self._describe(), event=event, bad_host=bad_host,
-                              keep_alive=(flat, bad_count), timeout=self.wait_timeout)
 
     def _unused_count(self) -> torch.Tensor:
         """The kernel's counter for ids already range-checked on the host: it stays zero (the
@@ -192,14 +192,5 @@ class EngramTable:
     def refresh_hot_rows(self) -> None:
         """Re-choose the cached rows from the ids seen lately (runs on the prefetch stream and
         waits for it once); lookups call this every ``refresh_every`` calls by themselves."""
-        from .kernels.lookup import launch_lookup
-
-        if self.hot_cache is None:
-            return
-        with torch.cuda.stream(self.stream):
-            scratch = torch.zeros(1, dtype=torch.int32, device=self.device)
-            self.hot_cache.refresh(
-                lambda keys, rows: launch_lookup(self.rows_view, keys, rows, scratch, self.row_lo, self.row_hi,
-                                                 self.head_dim, self.layout.row_bytes, block_rows=self.block_rows,
-                                                 max_programs=self.max_programs, num_warps=self.num_warps),
-                self.row_lo, self.row_hi)
+        if self.hot_cache is not None:
+            refresh_hot_rows(self)

@@ -1,2 +1,4 @@
 """engramd: the per-node daemon that serves an Engram table from /dev/shm."""
-__version__ = "0.1.0"
+from engram_client.core.version import __version__
+
+__all__ = ["__version__"]

@@ -1,3 +1,4 @@
+"""`python -m engramd`: the command line."""
 from .cli import main
 
 main()

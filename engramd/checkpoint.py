@@ -18,8 +18,8 @@ import os
 import struct
 from dataclasses import dataclass
 
-from engram_client.errors import CheckpointError
-from engram_client.layout import EngramConfig, LayerLayout, build_layout
+from engram_client.core.errors import CheckpointError
+from engram_client.core.layout import EngramConfig, LayerLayout, build_layout
 
 INDEX_NAME = "model.safetensors.index.json"
 # Real headers are a few MiB at most; a larger length field means a damaged file.

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engram_client.errors import CheckpointError
-from engram_client.table_file import TableHeader
+from engram_client.core.errors import CheckpointError
+from engram_client.core.table_file import TableHeader
 
 SAMPLED_ROWS_PER_LAYER = 16
 

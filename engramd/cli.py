@@ -1,8 +1,10 @@
-"""The engramd command line: serve, status, stop, inspect, synth, demo.
+"""The engramd command line: the group, and stop, reload, inspect, synth, keys, demo, bench.
 
-A stable contract for operators and scripts: ``status`` exits 0 iff the table is
+``serve`` (serve_cli.py) and ``status`` (status_cli.py) have files of their own.  A
+stable contract for operators and scripts: ``status`` exits 0 iff the table is
 ready, 1 if the daemon answers but is not ready, 3 if no daemon answers; every
-other command exits non-zero with one ``error:`` line naming what is wrong.
+other command exits non-zero with one ``error:`` line naming what is wrong, made
+in one place (cli_errors.py) for every command.
 """
 from __future__ import annotations
 
@@ -13,118 +15,57 @@ import time
 
 import click
 
-from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError, EngramError
+from engram_client.core.errors import DaemonUnavailableError, EngramTimeoutError
+from engram_client.readiness import wait_ready
 
-from . import __version__
-
-EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 3
-
-
-def _fail(message: str, code: int = 1):
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+from . import __version__, reach
+from .cli_errors import EXIT_UNREACHABLE, MappedGroup, describe_os_error, fail
+from .sizes import human_bytes
 
 
-def _human_bytes(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+def _require_client_extra(command: str) -> None:
+    """The rank-side commands need torch, which a daemon-only install does not carry."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail(f"engramd {command} needs torch: install the client extra (pip install 'engramd[client]')")
 
 
 socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
                              help="Daemon endpoint [default: $ENGRAMD_SOCKET or a per-user ipc:// path].")
 
 
-@click.group()
+@click.group(cls=MappedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="engramd")
 def main() -> None:
-    """engramd: one Engram table per node, in /dev/shm, shared by every rank."""
+    """engramd: one Engram table per node, in /dev/shm, shared by every rank.
 
-
-def _print_status(status: dict) -> None:
-    from .progress import render
-
-    click.echo(f"state       {status['state']}" + (f"  ({status['error']})" if status.get("error") else ""))
-    click.echo(f"generation  {status['generation']}   boot {status['boot_id']}   pid {status.get('pid')}")
-    click.echo(f"checkpoint  {status['checkpoint']}")
-    click.echo(f"table       {_human_bytes(status['table_bytes'])}  {status.get('table_path') or ''}")
-    for layer in status["layers"]:
-        click.echo(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
-                   f"{len(layer['head_sizes'])} heads")
-    if status["state"] == "loading":
-        click.echo("  " + render(status["load"]["done_bytes"], status["load"]["total_bytes"]))
-    reload = status.get("reload")
-    if reload:
-        line = f"reload      generation {reload['generation']} from {reload['checkpoint']}: {reload['state']}"
-        if reload["state"] == "loading":
-            line += "  " + render(reload["load"]["done_bytes"], reload["load"]["total_bytes"])
-        click.echo(line + (f"  ({reload['error']})" if reload.get("error") else ""))
-    if status.get("numa_node") is not None:
-        click.echo(f"numa node   {status['numa_node']}")
-    total = status.get("clients_total", len(status["clients"]))
-    shown = "" if total == len(status["clients"]) else f"  (the oldest {len(status['clients'])} listed)"
-    click.echo(f"clients     {total}{shown}")
-    for client in status["clients"]:
-        attached = time.strftime("%H:%M:%S", time.localtime(client["attached_at"]))
-        click.echo(f"  {client['id']:<14} pid {client['pid']:<8} {client['device']:<8} rank {client['rank']}  "
-                   f"attached {attached}")
-
-
-@main.command()
-@socket_option
-@click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
-@click.option("--curve-keys-dir", default=None, type=click.Path(file_okay=False),
-              help="For a tcp:// socket: use DIR/client.key_secret and trust DIR/server.key.")
-@click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
-              help="Wait up to this long for the table to be ready.")
-def status(endpoint, as_json, curve_keys_dir, wait_s) -> None:
-    """Print the daemon's status; exit 0 iff its table is ready (1 not ready, 3 unreachable)."""
-    try:
-        connection = DaemonConnection(endpoint, curve_keys_dir=curve_keys_dir)
-    except EngramError as exc:
-        _fail(str(exc))
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                reply = connection.request("status", timeout=max(0.5, min(2.0, deadline - time.monotonic())))
-            except DaemonUnavailableError as exc:
-                reply, unreachable = None, exc
-            except EngramError as exc:
-                _fail(str(exc))
-            # A failed load never becomes ready by itself: no point waiting out --wait.
-            if (reply is not None and reply["state"] in ("ready", "failed")) or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        connection.close()
-    if reply is None:
-        _fail(str(unreachable), EXIT_UNREACHABLE)
-    if as_json:
-        click.echo(json.dumps(reply, indent=2, sort_keys=True))
-    else:
-        _print_status(reply)
-    sys.exit(0 if reply["state"] == "ready" else EXIT_NOT_READY)
+    Shell completion: eval "$(_ENGRAMD_COMPLETE=bash_source engramd)" (zsh_source, fish_source)."""
 
 
 @main.command()
 @socket_option
 @click.option("--timeout", default=10.0, show_default=True, type=float, help="Seconds to wait for the daemon to exit.")
-def stop(endpoint, timeout) -> None:
-    """Ask the daemon to stop; returns once it no longer answers."""
-    connection = DaemonConnection(endpoint)
+def stop(endpoint: str | None, timeout: float) -> None:
+    """Ask the daemon to stop; returns once it no longer answers (at once if there is none)."""
     try:
-        connection.request("stop", timeout=5.0)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        connection = reach.connect(endpoint)
+    except reach.DaemonAbsentError as exc:
+        fail(f"{exc}; nothing to stop", EXIT_UNREACHABLE)
+    try:
+        reach.ask(connection, "stop", timeout=5.0)
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if reach.absent_reason(connection.endpoint) is not None:
+                click.echo("engramd stopped")
+                return
             try:
                 connection.request("status", timeout=0.5)
             except DaemonUnavailableError:
                 click.echo("engramd stopped")
                 return
             time.sleep(0.1)
-        _fail(f"engramd at {connection.endpoint} still answers {timeout:.0f} s after stop")
-    except EngramError as exc:
-        _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
+        fail(f"engramd at {connection.endpoint} still answers {time.monotonic() - started:.1f} s after stop")
     finally:
         connection.close()
 
@@ -135,27 +76,23 @@ def stop(endpoint, timeout) -> None:
               help="Load this checkpoint (under a reload root) [default: the one being served].")
 @click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
               help="Wait up to this long for the new generation to be served.")
-def reload(endpoint, checkpoint, wait_s) -> None:
+def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
     """Load generation g+1 beside g; g keeps serving until g+1 is complete."""
-    connection = DaemonConnection(endpoint)
+    connection = reach.connect(endpoint)
     try:
-        started = connection.request("reload", {"checkpoint": os.path.abspath(checkpoint) if checkpoint else None})
+        started = reach.ask(connection, "reload",
+                            {"checkpoint": os.path.abspath(checkpoint) if checkpoint else None})
         click.echo(f"loading generation {started['generation']} from {started['checkpoint']}")
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            status = connection.request("status", timeout=5.0)
-            pending = status["reload"]
-            if status["generation"] == started["generation"] and status["state"] == "ready":
-                click.echo(f"generation {started['generation']} is served")
-                return
-            if (pending and pending["generation"] == started["generation"] and pending["state"] == "failed") or \
-                    (status["generation"] == started["generation"] and status["state"] == "failed"):
-                _fail(f"generation {started['generation']} failed: {(pending or status)['error']}")
-            time.sleep(0.2)
         if wait_s:
-            _fail(f"generation {started['generation']} was not served within {wait_s:.0f} s")
-    except EngramError as exc:
-        _fail(str(exc), EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else 1)
+            begun = time.monotonic()
+            try:  # a failed generation raises NotReadyError, which names its error
+                wait_ready(connection, wait_s, generation=started["generation"])
+            except EngramTimeoutError as exc:
+                if exc.unavailable is not None:
+                    raise reach.unanswered(connection.endpoint, "status", time.monotonic() - begun) from exc
+                fail(f"generation {started['generation']} was not served within {time.monotonic() - begun:.1f} s "
+                     "(it goes on loading; see engramd status)")
+            click.echo(f"generation {started['generation']} is served (after {time.monotonic() - begun:.1f} s)")
     finally:
         connection.close()
 
@@ -163,16 +100,13 @@ def reload(endpoint, checkpoint, wait_s) -> None:
 @main.command()
 @click.argument("checkpoint", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
-def inspect(checkpoint, as_json) -> None:
+def inspect(checkpoint: str, as_json: bool) -> None:
     """Layout and table size of a checkpoint, from its headers alone."""
-    from engram_client.table_file import TableHeader
+    from engram_client.core.table_file import TableHeader
 
     from .checkpoint import read_checkpoint
 
-    try:
-        plan = read_checkpoint(checkpoint)
-    except EngramError as exc:
-        _fail(str(exc))
+    plan = read_checkpoint(checkpoint)  # a bad checkpoint's CheckpointError becomes its error line
     header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation=1)
     report = {"checkpoint": plan.directory, "fingerprint": plan.fingerprint, "table_bytes": header.total_bytes,
               "files": list(plan.files), "layers": [layout.to_dict() for layout in plan.layouts]}
@@ -180,14 +114,14 @@ def inspect(checkpoint, as_json) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(f"checkpoint  {plan.directory}")
-    click.echo(f"table       {_human_bytes(header.total_bytes)} ({header.total_bytes} bytes)")
+    click.echo(f"table       {human_bytes(header.total_bytes)} ({header.total_bytes} bytes)")
     for layout in plan.layouts:
         click.echo(f"  layer {layout.layer:>3}: {layout.rows} rows x {layout.head_dim} "
                    f"(+{layout.scale_cols} scale bytes), {len(layout.head_sizes)} heads")
     click.echo(f"files       {len(plan.files)}")
 
 
-def _int_list(_ctx, _param, value: str) -> list[int]:
+def _int_list(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
     try:
         return [int(part) for part in value.split(",") if part.strip()]
     except ValueError as exc:
@@ -203,16 +137,24 @@ def _int_list(_ctx, _param, value: str) -> list[int]:
 @click.option("--head-dim", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--shards", default=1, show_default=True, type=int)
-def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) -> None:
-    """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout."""
+@click.option("--tokenizer-vocab", default=0, show_default=True, type=int,
+              help="Also write a synthetic tokenizer.json of this many ids (0: none), for hashing tokens.")
+@click.option("--force", is_flag=True, help="Write into a non-empty directory, replacing only checkpoint files.")
+def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads: int, head_dim: int, seed: int,
+          shards: int, tokenizer_vocab: int, force: bool) -> None:
+    """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout into an empty or new directory."""
     from .synth import write_checkpoint
+    from .synth_target import prepare_outdir
 
     try:
-        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards)
-    except EngramError as exc:
-        _fail(str(exc))
+        removed, kept = prepare_outdir(outdir, force)
+        config = write_checkpoint(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards,
+                                  tokenizer_vocab=tokenizer_vocab)
     except OSError as exc:
-        _fail(f"{outdir}: cannot write the checkpoint: {exc.strerror or exc}")
+        fail(f"cannot write the checkpoint in {outdir}: {describe_os_error(exc)}")
+    if removed:
+        click.echo(f"removed the old checkpoint files {', '.join(removed)}" +
+                   (f"; kept {', '.join(kept)}" if kept else ""))
     click.echo(f"wrote {outdir}: layers {config['engram_layer_ids']}, rows {config['engram_num_embeddings']}")
 
 
@@ -221,20 +163,31 @@ def synth(outdir, vocab_size, layers, max_ngram, heads, head_dim, seed, shards) 
 @click.option("--device", "device_kind", default="auto", type=click.Choice(["auto", "cpu", "cuda"]), show_default=True)
 @click.option("--lookups", default=20, show_default=True, type=int, help="Lookups per rank.")
 @click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
-def demo(ranks, device_kind, lookups, ids_per_lookup) -> None:
+def demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int) -> None:
     """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
-    from .demo_job import run_demo
+    _require_client_extra("demo")
+    from engram_client.tools.demo_job import run_demo
 
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
 
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False))
-def keys(directory) -> None:
+@click.option("--force", is_flag=True, help="Replace the keys DIRECTORY already holds.")
+def keys(directory: str, force: bool) -> None:
     """Create CURVE keys for --remote-status: a server keypair and one authorized client keypair."""
     from .remote_status import create_keys
 
-    paths = create_keys(directory)
+    existing = [name for name in ("server.key_secret", "client.key_secret")
+                if os.path.exists(os.path.join(directory, name))]
+    if existing and not force:
+        # New keys would lock out every daemon and monitor still using the old ones.
+        fail(f"{directory} already holds CURVE keys ({', '.join(existing)}); a daemon started with them and its "
+             "monitors keep using them. Pass --force to replace them")
+    try:
+        paths = create_keys(directory)
+    except OSError as exc:
+        fail(f"cannot create CURVE keys in {directory}: {describe_os_error(exc)}")
     click.echo(f"server: {paths['server_secret']} (give the daemon --curve-keys-dir {directory})")
     click.echo(f"client: {paths['client_secret']} (authorized in {paths['authorized']}); "
                f"status --socket tcp://... --curve-keys-dir {directory}")
@@ -253,15 +206,17 @@ def keys(directory) -> None:
 @click.option("--hot-cache-gib", default=1.0, show_default=True, type=float,
               help="Also time the default path with a hot-row cache of this size (0: skip).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
-def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_steps, max_programs, hot_cache_gib,
-          json_path) -> None:
-    """Lookup speed on the GPU: plain copy vs naive index_select vs engram_client (needs CUDA)."""
+@click.option("--markdown", is_flag=True, help="Also print the tables as docs/BENCHMARKS.md records them.")
+def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: str, load_threads: int,
+          overlap_steps: int, max_programs: str, hot_cache_gib: float, json_path: str | None, markdown: bool) -> None:
+    """Lookup speed on the GPU: plain copy vs naive index_select vs both lookup paths (needs CUDA)."""
+    _require_client_extra("bench")
     import torch
 
-    from .bench import main as run, print_table
+    from engram_client.tools.bench import main as run, print_table
 
     if not torch.cuda.is_available():
-        _fail("engramd bench needs a CUDA device")
+        fail("engramd bench needs a CUDA device")
     from engram_client.client import default_max_programs
 
     caps = [default_max_programs(torch.device("cuda", 0)) if c.strip() == "default" else (int(c) or None)
@@ -269,14 +224,20 @@ def bench(endpoint, table_gib, iterations, strategies, load_threads, overlap_ste
     results = run(endpoint, table_gib, iterations, [s for s in strategies.split(",") if s], load_threads,
                   overlap_steps, caps, hot_cache_gib)
     print_table(results)
+    if markdown:
+        from engram_client.tools.bench_markdown import markdown as as_markdown
+
+        print(as_markdown(results))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
 
 
 from .serve_cli import serve  # noqa: E402  (after main exists; serve_cli needs nothing from here)
+from .status_cli import status  # noqa: E402
 
 main.add_command(serve)
+main.add_command(status)
 
 if __name__ == "__main__":
     main()

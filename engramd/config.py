@@ -5,13 +5,9 @@ import grp
 import os
 from dataclasses import dataclass, field
 
-from engram_client.demo_rows import DEMO_VOCAB_SIZE
-from engram_client.errors import EngramError
-from engram_client.protocol import default_endpoint, pub_endpoint_for
-
-
-class ConfigError(EngramError):
-    code = "bad_config"
+from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
+from engram_client.core.endpoints import default_endpoint, pub_endpoint_for
+from engram_client.core.errors import ConfigError
 
 
 @dataclass

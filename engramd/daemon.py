@@ -1,4 +1,4 @@
-"""The daemon's state: table generations, their loads, the clients, the lifecycle.
+"""The daemon's state machine and its request handling: generations, clients, the lifecycle.
 
     loading ──▶ ready ──▶ stopping          (state of the served generation)
        │          │ ▲          ▲
@@ -8,14 +8,16 @@
                    on failure g goes on and status says why
 
 A start first looks for a complete table its predecessor (same endpoint, same shm
-dir) left behind: if its format, layout and checkpoint fingerprint match what it
-would load, it is re-adopted at once instead of reloaded.  A retired generation's
-file is unlinked once no lease holds it, or after ``retire_grace_seconds``; ranks that
+dir) left behind and re-adopts it if it is exactly what would be loaded (see
+load_job.py, which plans, adopts and loads).  A retired generation's file is
+unlinked once no lease holds it, or after ``retire_grace_seconds``; ranks that
 still map it keep their pages either way.
 
-Loads run on one load thread at a time; everything else runs on the server thread.
-The load thread writes only its generation's progress and, at its end, hands over
-its outcome under ``_lock``.  No table is visible before it is complete.
+Loads run on one load thread at a time (a LoadJob); everything else runs on the
+server thread.  The load job writes only its generation and hands its outcome over
+through ``_finish`` / ``_load_failed``, under ``_lock``.  The status reply is built
+on the server thread under the same lock (status_report.py) and kept as the
+snapshot the metrics thread reads.
 
 Owns the table files it creates; the socket belongs to server.py.
 """
@@ -28,26 +30,21 @@ import time
 import uuid
 from typing import Any, Callable
 
-from engram_client.demo_rows import demo_config
-from engram_client.errors import EngramError, NotReadyError, ProtocolError, TableFileError, UnknownClientError
-from engram_client.layout import build_layout
-from engram_client.table_file import TableHeader, read_header
+from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
+from engram_client.core.protocol import LOADING, READY, STOPPING
 
 from . import __version__
-from .checkpoint import read_checkpoint
-from .checkpoint_guard import CheckpointGuard
 from .config import ServeConfig
-from .generation import FAILED, READY, Generation
+from .generation import Generation
 from .lease_limits import STATUS_CLIENTS
-from .leases import LeaseTable
-from .loader import CheckpointSource, DemoSource, fill_table
+from .leases import LeaseRegistry
+from .load_job import LoadJob
 from .metrics import NoMetrics
-from .numa import bind_this_thread
 from .served_record import record_path, resume_checkpoint, write_record
+from .status_report import build_status
 from .table_store import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
-STOPPING = "stopping"
 
 
 class Daemon:
@@ -56,7 +53,7 @@ class Daemon:
         self.metrics = metrics or NoMetrics()
         self.boot_id = uuid.uuid4().hex
         self.started_at = time.time()
-        self.leases = LeaseTable(config.lease_seconds)
+        self.leases = LeaseRegistry(config.lease_seconds)
         self.stop_requested = threading.Event()
         self.stopping = False
         self.current = Generation(0, config.checkpoint)  # replaced by start_load
@@ -72,6 +69,8 @@ class Daemon:
         self._served_record = record_path(self.shm.directory, self.shm.instance)
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
+        self._snapshot: dict[str, Any] = {}
+        self.status()
 
     # -- derived views ---------------------------------------------------------------
     @property
@@ -85,6 +84,30 @@ class Daemon:
     @property
     def table_path(self) -> str | None:
         return self.current.path if self.current.state == READY else None
+
+    @property
+    def error(self) -> str | None:
+        """Why the served generation failed, if it did."""
+        return self.current.error
+
+    def load_progress(self) -> dict[str, int]:
+        """Bytes loaded so far of the served generation (a reload's own progress is in status)."""
+        return self.current.progress.snapshot()
+
+    def loading_generation(self) -> Generation | None:
+        """The generation whose load is running (the first load, or a reload beside the served one), or None."""
+        with self._lock:
+            for generation in (self.pending, self.current):
+                if generation is not None and generation.state == LOADING and generation.progress.total_bytes:
+                    return generation
+        return None
+
+    def request_stop(self) -> None:
+        """Ask the server loop to stop after its current poll (any thread, signal handlers included)."""
+        self.stop_requested.set()
+
+    def stop_is_requested(self) -> bool:
+        return self.stop_requested.is_set()
 
     # -- loading ---------------------------------------------------------------------
     def _announce(self) -> None:
@@ -101,95 +124,19 @@ class Daemon:
         return self._last_number
 
     def _begin(self, generation: Generation, first: bool = False) -> None:
-        self._load_thread = threading.Thread(target=self._load, args=(generation, first),
-                                             name=f"engramd-load-g{generation.number}", daemon=True)
-        self._load_thread.start()
-
-    def _plan(self, generation: Generation):
-        if generation.checkpoint:
-            plan = read_checkpoint(generation.checkpoint)
-            header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation.number)
-            return header, lambda: CheckpointSource(plan), list(plan.files)
-        vocab, seed = self.config.demo_vocab_size, self.config.demo_seed
-        header = TableHeader.plan(build_layout(demo_config(vocab)), f"demo-v{vocab}-s{seed}", "<demo>",
-                                  generation.number)
-        return header, lambda: DemoSource(seed), []
-
-    def _adopt(self, generation: Generation, wanted: TableHeader) -> bool:
-        """Take over our predecessor's complete table if it is exactly what we would load."""
-        adopted = None
-        for number, path in self.shm.own_tables():
-            try:
-                found, _ = read_header(path)
-            except TableFileError as exc:
-                log.warning("not re-adopting %s: %s", path, exc)
-                found = None
-            same = found is not None and found.fingerprint == wanted.fingerprint and \
-                [e.layout for e in found.layers] == [e.layout for e in wanted.layers]
-            if adopted is None and same:
-                adopted = (number, path, found)
-            else:
-                self.shm.unlink(path)
-                log.info("removed %s: a predecessor's table that is not the one to serve", path)
-        if adopted is None:
-            return False
-        number, path, found = adopted
-        generation.number, generation.path, generation.header, generation.adopted = number, path, found, True
-        self._last_number = max(self._last_number, number)
-        generation.progress.total_bytes = generation.progress.done_bytes = sum(e.nbytes for e in found.layers)
-        self.metrics.readoptions.inc()
-        log.info("re-adopted %s (generation %d) without reloading", path, number)
-        return True
-
-    def _load(self, generation: Generation, first: bool) -> None:
         if first:
             with self._lock:
                 self.current = generation
-        writer = source = None
-        try:
-            header, make_source, files = self._plan(generation)
-            generation.files = files
-            guard = CheckpointGuard(files)  # before the first row is read
-            if first and self._adopt(generation, header):
-                self._finish(generation)
-                return
-            generation.header = header
-            generation.progress.total_bytes = sum(entry.nbytes for entry in header.layers)
-            if self.config.numa_node is not None:
-                bind_this_thread(self.config.numa_node)  # fallocate below places every page on that node
-            source = make_source()
-            writer = self.shm.create(header)
-            log.info("loading generation %d from %s into %s (%.2f GiB)", generation.number, header.checkpoint,
-                     writer.partial_path, header.total_bytes / 2**30)
-            started = time.monotonic()
-            fill_table(writer, source, generation.progress, self.config.load_threads, self._cancel_load,
-                       self.config.max_load_rate)
-            if self._cancel_load.is_set():
-                raise EngramError("load cancelled by stop")
-            guard.verify(source, header, writer.read)
-            generation.path = writer.publish()
-            writer = None
-            elapsed = time.monotonic() - started
-            log.info("generation %d ready: %s, %.2f GiB in %.2f s (%.2f GB/s)", generation.number, generation.path,
-                     header.total_bytes / 2**30, elapsed, generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9)
-            self._finish(generation)
-        except Exception as exc:  # any failure becomes that generation's 'failed', with its reason
-            generation.error = str(exc) if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"
-            generation.state = FAILED
-            if not self._cancel_load.is_set():
-                log.error("generation %d failed to load: %s", generation.number, generation.error)
-                if generation is self.current:
-                    self._announce()
-        finally:
-            if writer is not None:
-                writer.abandon()
-            if source is not None:
-                source.close()
+        job = LoadJob(generation, self.config, self.shm, self.metrics, self._cancel_load, on_ready=self._finish,
+                      on_failed=self._load_failed, may_adopt=first)
+        self._load_thread = threading.Thread(target=job.run, name=f"engramd-load-g{generation.number}", daemon=True)
+        self._load_thread.start()
 
     def _finish(self, generation: Generation) -> None:
-        """Serve a freshly complete generation; the one it replaces starts retiring."""
+        """Serve a freshly complete generation; the one it replaces starts retiring.  (Load thread.)"""
         with self._lock:
             generation.state = READY
+            self._last_number = max(self._last_number, generation.number)  # a re-adopted table keeps its number
             previous = self.current
             if generation is not previous:
                 if previous.path is not None:
@@ -198,6 +145,11 @@ class Daemon:
                 self.current, self.pending = generation, None
         write_record(self._served_record, self.config.checkpoint, generation.checkpoint)
         self._announce()
+
+    def _load_failed(self, generation: Generation) -> None:
+        """A failed reload leaves the served generation alone; only a failed served one is news.  (Load thread.)"""
+        if generation is self.current:
+            self._announce()
 
     def reload(self, checkpoint: str | None) -> dict[str, Any]:
         """Load generation g+1 beside the served one; it takes over once complete."""
@@ -245,6 +197,7 @@ class Daemon:
                 del self.retiring[number]
                 log.info("removed generation %d's table %s (%s)", number, generation.path,
                          "grace period over" if number in held else "no client holds it")
+        self.status()  # refresh the snapshot the metrics thread reads
 
     def shutdown(self) -> None:
         """Enter 'stopping', cancel any load, unlink our tables; mapped clients keep their pages."""
@@ -259,32 +212,25 @@ class Daemon:
         for generation in [self.current, *self.retiring.values()]:
             if generation.path is not None and self.shm.unlink(generation.path):
                 log.info("unlinked %s", generation.path)
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the shm dir (its lock); table files stay as they are."""
         self.shm.close()
 
     # -- requests (server thread) ------------------------------------------------------------
     def status(self, clients_limit: int = STATUS_CLIENTS) -> dict[str, Any]:
+        """The status reply, built now (server thread); also kept as the snapshot metrics read."""
         with self._lock:
-            current, pending, retiring = self.current, self.pending, list(self.retiring.values())
-        header = current.header
-        held = self.leases.generations_held()
-        return {
-            "state": self.state, "generation": current.number, "boot_id": self.boot_id, "version": __version__,
-            "pid": os.getpid(), "started_at": self.started_at,
-            "checkpoint": current.checkpoint or "<demo>",
-            "fingerprint": header.fingerprint if header else None,
-            "table_path": current.path if current.state == READY else None,
-            "table_bytes": header.total_bytes if header else 0,
-            "adopted": current.adopted, "numa_node": self.config.numa_node,
-            "shm_dir": self.shm.directory, "files": list(current.files),
-            "layers": [entry.layout.to_dict() for entry in header.layers] if header else [],
-            "load": current.progress.snapshot(),
-            "reload": pending.describe(held.get(pending.number, 0)) if pending else None,
-            "generations": [g.describe(held.get(g.number, 0)) for g in (current, *retiring)],
-            "clients": self.leases.describe(clients_limit), "clients_total": len(self.leases),
-            "lease_seconds": self.config.lease_seconds,
-            "events_endpoint": self.config.events_endpoint,
-            "error": current.error,
-        }
+            self._snapshot = build_status(self.state, self.current, self.pending, list(self.retiring.values()),
+                                          self.leases, self.config, self.boot_id, self.started_at, __version__,
+                                          self.shm.directory, clients_limit)
+            return self._snapshot
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status last built on the server thread; safe to read from any thread."""
+        with self._lock:
+            return self._snapshot
 
     def attach(self, pid: int, host: str, rank: int | None, device: str, peer: bytes = b"") -> dict[str, Any]:
         current = self.current

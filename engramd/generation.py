@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engram_client.table_file import TableHeader
+from engram_client.core.protocol import LOADING
+from engram_client.core.table_file import TableHeader
 
 from .loader import Progress
-
-LOADING, READY, FAILED = "loading", "ready", "failed"
 
 
 @dataclass

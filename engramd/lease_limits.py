@@ -7,7 +7,7 @@ oldest first) and counts all of them, so its reply stays far under any reply lim
 """
 from __future__ import annotations
 
-from engram_client.errors import RequestError
+from engram_client.core.errors import RequestError
 
 PER_PEER = 16
 TOTAL = 4096

@@ -35,7 +35,10 @@ class Lease:
                 "last_heartbeat_age_s": round(now - self.renewed_at, 3)}
 
 
-class LeaseTable:
+class LeaseRegistry:
+    """The leases granted, by lease id (``client_id`` on the wire).  Only the server thread touches it;
+    other threads read the status snapshot (status_report.py)."""
+
     def __init__(self, lease_seconds: float):
         self.lease_seconds = lease_seconds
         self._leases: dict[str, Lease] = {}

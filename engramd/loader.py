@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engram_client.demo_rows import demo_rows
-from engram_client.errors import CheckpointError
-from engram_client.layout import LayerLayout
-from engram_client.table_file import TableHeader
+from engram_client.core.demo_rows import demo_rows
+from engram_client.core.errors import CheckpointError
+from engram_client.core.layout import LayerLayout
+from engram_client.core.table_file import TableHeader
 
 from .checkpoint import CheckpointPlan
 from .table_store import TableWriter

@@ -1,15 +1,16 @@
 """Prometheus metrics for the daemon, served on --metrics-port.
 
-Gauges are read from the daemon's state at scrape time (nothing to keep in step); counters
+Gauges are read at scrape time from the status snapshot the server thread last built
+(never from the live lease registry, which that thread changes meanwhile); counters
 are bumped where things happen: requests by operation and by error code (server.py),
-lease expiries and re-adoptions (daemon.py).
+lease expiries (daemon.py) and re-adoptions (load_job.py).
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-STATES = ("loading", "ready", "failed", "stopping")
+from engram_client.core.protocol import LOADING, STATES
 
 
 class DaemonCollector:
@@ -17,7 +18,7 @@ class DaemonCollector:
         self.daemon = daemon
 
     def collect(self):
-        status = self.daemon.status()
+        status = self.daemon.snapshot()  # built on the server thread; the live lease registry is not ours to walk
         state = GaugeMetricFamily("engramd_state", "1 for the daemon's current state", labels=["state"])
         for name in STATES:
             state.add_metric([name], 1.0 if status["state"] == name else 0.0)
@@ -31,7 +32,7 @@ class DaemonCollector:
         yield GaugeMetricFamily("engramd_clients", "Clients holding a lease", value=status["clients_total"])
         reload = status["reload"]
         yield GaugeMetricFamily("engramd_reload_loading", "1 while a reload loads beside the served table",
-                                value=1.0 if reload and reload["state"] == "loading" else 0.0)
+                                value=1.0 if reload and reload["state"] == LOADING else 0.0)
 
 
 class Metrics:

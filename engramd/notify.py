@@ -12,6 +12,10 @@ import os
 import socket
 import time
 
+from engram_client.core.protocol import FAILED, READY, STOPPING
+
+from .sizes import human_pair
+
 log = logging.getLogger("engramd.notify")
 
 
@@ -41,15 +45,15 @@ class SystemdNotifier:
             log.warning("could not notify systemd at %s: %s", self.address, exc)
 
     def state(self, state: str, generation: int, error: str | None = None) -> None:
-        if state == "ready":
+        if state == READY:
             fields = [f"STATUS=ready: generation {generation}"]
             if not self._ready_sent:
                 fields.insert(0, "READY=1")
                 self._ready_sent = True
             self.send(*fields)
-        elif state == "failed":
+        elif state == FAILED:
             self.send(f"STATUS=load failed: {error}")
-        elif state == "stopping":
+        elif state == STOPPING:
             self.send("STOPPING=1", "STATUS=stopping")
 
     def watchdog(self) -> None:
@@ -66,7 +70,7 @@ class SystemdNotifier:
         if self._sock is None or now - self._last_status < self.status_interval or not total:
             return
         self._last_status = now
-        self.send(f"STATUS=loading: {done / 2**30:.2f} of {total / 2**30:.2f} GiB ({100 * done / total:.1f}%)")
+        self.send(f"STATUS=loading: {human_pair(done, total)} ({100 * done / total:.1f}%)")
 
     def close(self) -> None:
         if self._sock is not None:

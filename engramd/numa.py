@@ -10,7 +10,7 @@ import ctypes
 import os
 import platform
 
-from .config import ConfigError
+from engram_client.core.errors import ConfigError
 
 MPOL_BIND = 2
 _SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}

@@ -19,8 +19,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from engram_client import protocol
-from engram_client.errors import EngramError
+from engram_client.core import protocol
+from engram_client.core.errors import EngramError
 
 
 class CurveConfigError(EngramError):

@@ -21,8 +21,9 @@ import fcntl
 import os
 import pwd
 import stat
+from typing import Callable
 
-from .config import ConfigError
+from engram_client.core.errors import ConfigError
 
 GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
@@ -120,10 +121,11 @@ def lock_holders(fd: int) -> list[int]:
     return sorted(set(pids))
 
 
-def take_lock(path: str, what: str, busy: str) -> int:
+def take_lock(path: str, what: str, busy: Callable[[], str]) -> int:
     """Open (creating) an owner-only lock file safely and hold an exclusive flock on it.
 
-    ``busy`` says what a held lock most likely means; the error adds who holds it."""
+    ``busy()`` says what a held lock most likely means (called only then, once the file is
+    known to be a safe regular one); the error adds who holds it."""
     fd = open_owned(path, os.O_RDWR | os.O_CREAT, what)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -131,7 +133,7 @@ def take_lock(path: str, what: str, busy: str) -> int:
         holders = lock_holders(fd)
         os.close(fd)
         who = ", ".join(f"pid {pid}" for pid in holders) or "a process this user cannot see"
-        raise UnsafePathError(f"{what} {path} is locked by {who}: {busy}") from exc
+        raise UnsafePathError(f"{what} {path} is locked by {who}: {busy()}") from exc
     return fd
 
 

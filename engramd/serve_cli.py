@@ -1,19 +1,47 @@
 """`engramd serve`: settings from flags, ENGRAMD_* variables and a TOML file, then the server."""
 from __future__ import annotations
 
+import logging
 import sys
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
 
-from .settings import SETTINGS, config_option, describe
+from .settings import SETTINGS, config_option, describe, serve_config
+
+if TYPE_CHECKING:
+    from .config import ServeConfig
+
+log = logging.getLogger("engramd")
 
 
-def _with_settings(fn):
+def _with_settings(fn: Callable[..., None]) -> Callable[..., None]:
     for setting in reversed(SETTINGS):
         fn = setting.option()(fn)
     return fn
+
+
+def _resolved(values: dict[str, Any], config: "ServeConfig") -> dict[str, Any]:
+    """The settings whose value the daemon turns into something else (a default endpoint, an absolute path)."""
+    made = {"socket": config.endpoint, "events_socket": config.events_endpoint, "shm_dir": config.shm_dir,
+            "checkpoint": config.checkpoint, "reload_root": list(config.reload_roots)}
+    given = {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
+    return {name: value for name, value in made.items() if value not in (None, []) and value != given[name]}
+
+
+def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
+    from .shm_check import check_shm_dir
+
+    try:
+        config = serve_config(values)
+        check_shm_dir(config.shm_dir, values["allow_disk"])
+    except EngramError as exc:
+        click.echo(describe(ctx, values))
+        click.echo(f"# refused as it stands: {exc}")
+        return
+    click.echo(describe(ctx, values, _resolved(values, config)))
 
 
 @click.command()
@@ -21,34 +49,25 @@ def _with_settings(fn):
 @_with_settings
 @click.option("--print-config", is_flag=True, help="Print the effective settings and where each came from; exit.")
 @click.pass_context
-def serve(ctx: click.Context, config_file, print_config, **values) -> None:
+def serve(ctx: click.Context, config_file: str | None, print_config: bool, **values: Any) -> None:
     """Load the table into the shm dir and serve it until stopped.
 
     Each setting comes from, highest first: its flag, its ENGRAMD_* environment variable,
     the TOML file (--config or $ENGRAMD_CONFIG), the default."""
-    from .config import ServeConfig
     from .logs import setup_logging
     from .server import Server
+    from .shm_check import check_shm_dir
 
     if print_config:
-        click.echo(describe(ctx, values))
+        _print_config(ctx, values)
         return
     setup_logging(values["log_level"], values["log_format"])
-    optional = {} if values["demo_vocab_size"] is None else {"demo_vocab_size": values["demo_vocab_size"]}
-    rate = values["max_load_rate"]
     try:
-        config = ServeConfig(
-            checkpoint=values["checkpoint"], endpoint=values["socket"] or "",
-            events_endpoint=values["events_socket"] or "", shm_dir=values["shm_dir"],
-            load_threads=values["load_threads"], lease_seconds=values["lease_seconds"],
-            max_load_rate=None if rate is None else rate * 1e6, reload_roots=list(values["reload_root"]),
-            retire_grace_seconds=values["retire_grace_seconds"], group=values["group"],
-            remote_status=values["remote_status"], curve_keys_dir=values["curve_keys_dir"],
-            metrics_port=values["metrics_port"], metrics_address=values["metrics_address"],
-            numa_node=values["numa_node"], demo_seed=values["demo_seed"],
-            progress_bar=sys.stderr.isatty() if values["progress"] is None else values["progress"], **optional)
+        config = serve_config(values)
+        shm = check_shm_dir(config.shm_dir, values["allow_disk"])
         server = Server(config)
     except EngramError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    (log.info if shm.in_memory else log.warning)(shm.describe())
     sys.exit(server.serve_forever())

@@ -24,7 +24,7 @@ import logging
 import os
 from typing import Callable
 
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
 
 from .safe_paths import UnsafePathError, foreign_reason, open_owned
 

@@ -19,16 +19,17 @@ import time
 
 import zmq
 
-from engram_client import protocol
-from engram_client.errors import EngramError, ProtocolError
+from engram_client.core import endpoints, protocol
+from engram_client.core.errors import ConfigError, EngramError, ProtocolError
+from engram_client.core.protocol import LOADING
 
-from .config import ConfigError, ServeConfig
+from .config import ServeConfig
 from .daemon import Daemon
-from .generation import LOADING
 from .ops import OPERATIONS
-from .progress import ProgressBar
 from .fd_limits import PeerCap, peer_budget, raise_nofile_limit
+from .lock_owner import holder, write_pid
 from .memory_trim import HeapTrimmer
+from .progress import progress_for
 from .metrics import Metrics, NoMetrics
 from .notify import SystemdNotifier
 from .remote_status import RemoteStatus
@@ -48,13 +49,16 @@ class EndpointLock:
     def __init__(self, endpoint: str):
         self.path = None
         self.fd = -1
-        socket_path = protocol.ipc_path(endpoint)
+        socket_path = endpoints.ipc_path(endpoint)
         if socket_path is None:
             return
         directory = os.path.dirname(socket_path) or "."
-        prepare_socket_dir(directory, default=endpoint == protocol.default_endpoint())
+        prepare_socket_dir(directory, default=endpoint == endpoints.default_endpoint())
         self.path = socket_path + ".lock"
-        self.fd = take_lock(self.path, "socket lock", f"another engramd is serving {endpoint}")
+        self.fd = take_lock(self.path, "socket lock", lambda: (
+            f"another engramd{holder(self.path)} is serving {endpoint}; "
+            f"stop it first: engramd stop --socket {endpoint}"))
+        write_pid(self.fd)
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -98,10 +102,10 @@ class Server:
         except BaseException:
             self._close_sockets()
             if hasattr(self, "daemon"):
-                self.daemon.shm.close()
+                self.daemon.close()
             self.lock.release()
             raise
-        self.progress = ProgressBar(sys.stderr) if config.progress_bar else None
+        self.progress = progress_for(sys.stderr, config.progress_bar)
         self.notifier = SystemdNotifier()
         self.heap = HeapTrimmer()
 
@@ -119,7 +123,7 @@ class Server:
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
         # A connection that never completes the ZMTP handshake holds a descriptor: not for long.
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-        path = protocol.ipc_path(endpoint)
+        path = endpoints.ipc_path(endpoint)
         old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
             sock.bind(endpoint)
@@ -190,13 +194,13 @@ class Server:
                 return
             event = protocol.state_event(state, self.daemon.generation, self.daemon.boot_id)
             self.pub.send(protocol.pack(event))
-            self.notifier.state(state, self.daemon.generation, self.daemon.current.error)
+            self.notifier.state(state, self.daemon.generation, self.daemon.error)
 
     # -- main loop ---------------------------------------------------------------------
     def serve_forever(self) -> int:
         def on_signal(signum, _frame):
             log.info("received %s; stopping", signal.Signals(signum).name)
-            self.daemon.stop_requested.set()
+            self.daemon.request_stop()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -209,7 +213,7 @@ class Server:
                 poller.register(monitor, zmq.POLLIN)
             if self.remote is not None:
                 poller.register(self.remote.socket, zmq.POLLIN)
-            while not self.daemon.stop_requested.is_set():
+            while not self.daemon.stop_is_requested():
                 ready = dict(poller.poll(POLL_MS))
                 if self.router in ready:
                     self._drain(self.router)
@@ -221,10 +225,10 @@ class Server:
                 self.heap.maybe_trim()
                 self._publish_events()
                 if self.daemon.state == LOADING:
-                    load = self.daemon.current.progress.snapshot()
+                    load = self.daemon.load_progress()
                     self.notifier.progress(load["done_bytes"], load["total_bytes"])
-                if self.progress is not None:
-                    self.progress.update(self.daemon.state == LOADING, self.daemon.current.progress.snapshot())
+                self.progress.watch(self.daemon.loading_generation())
+            self.progress.close()
             self.daemon.shutdown()
             self._publish_events()
             time.sleep(0.05)  # let the last 'stopping' event leave the PUB socket
@@ -248,7 +252,7 @@ class Server:
             if sock is None:
                 continue
             sock.close(linger=0)
-            path = protocol.ipc_path(endpoint)
+            path = endpoints.ipc_path(endpoint)
             if path is not None:
                 try:
                     os.unlink(path)

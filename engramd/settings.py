@@ -8,18 +8,26 @@ Precedence, highest first (one rule for every setting):
     4. the built-in default
 
 A TOML key this table does not know is an error, never ignored.  ``--print-config``
-shows the effective value of each setting and where it came from.
+shows the effective value of each setting and where it came from.  Defaults are
+ServeConfig's, and ``serve_config`` turns the effective values into a ServeConfig:
+a setting is added here (and to ServeConfig, if the daemon uses it) and nowhere else.
 """
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Callable
 
 import click
 from click.core import ParameterSource
 
+from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
+
+from .config import ServeConfig
+
+DEFAULTS = {f.name: f.default for f in fields(ServeConfig) if f.init}
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,8 @@ class Setting:
     multiple: bool = False
     flag: str | None = None  # overrides the flag spelled from the name
     metavar: str | None = None
+    field: str | None = None  # the ServeConfig field it sets (None: the command uses it itself)
+    to_config: Callable[[Any], Any] | None = None  # effective value -> that field's value
 
     @property
     def envvar(self) -> str:
@@ -45,28 +55,41 @@ class Setting:
 
 PATH = click.Path(file_okay=False)
 SETTINGS = [
-    Setting("checkpoint", PATH, None, "Checkpoint directory; without it, the embedded demo table is served."),
-    Setting("socket", str, None, "Request endpoint [default: a per-user ipc:// path].", metavar="ENDPOINT"),
-    Setting("events_socket", str, None, "PUB endpoint [default: <socket>.events].", metavar="ENDPOINT"),
-    Setting("shm_dir", PATH, "/dev/shm", "Where the table file lives (tmpfs, huge=always tmpfs or hugetlbfs)."),
-    Setting("load_threads", int, 4, "Parallel copy threads."),
-    Setting("lease_seconds", float, 10.0, "A client that sends no heartbeat for this long is dropped."),
+    Setting("checkpoint", PATH, None, "Checkpoint directory; without it, the embedded demo table is served.",
+            field="checkpoint"),
+    Setting("socket", str, None, "Request endpoint [default: a per-user ipc:// path].", metavar="ENDPOINT",
+            field="endpoint", to_config=lambda value: value or ""),
+    Setting("events_socket", str, None, "PUB endpoint [default: <socket>.events].", metavar="ENDPOINT",
+            field="events_endpoint", to_config=lambda value: value or ""),
+    Setting("shm_dir", PATH, DEFAULTS["shm_dir"], "Where the table file lives (tmpfs, huge=always tmpfs or "
+            "hugetlbfs).", field="shm_dir"),
+    Setting("allow_disk", bool, False, "Accept an --shm-dir that is not tmpfs or hugetlbfs (the table then lives "
+            "on disk and ranks page it in from there).", flag="--allow-disk/--no-allow-disk"),
+    Setting("load_threads", int, DEFAULTS["load_threads"], "Parallel copy threads.", field="load_threads"),
+    Setting("lease_seconds", float, DEFAULTS["lease_seconds"], "A client that sends no heartbeat for this long is "
+            "dropped.", field="lease_seconds"),
     Setting("max_load_rate", float, None, "Cap the load's copy rate, to spare running engines' memory bandwidth.",
-            metavar="MB_PER_S"),
+            metavar="MB_PER_S", field="max_load_rate", to_config=lambda value: None if value is None else value * 1e6),
     Setting("reload_root", PATH, (), "Directory under which `reload --checkpoint` may read [default: the "
-            "checkpoint's parent]; repeatable.", multiple=True),
-    Setting("retire_grace_seconds", float, 600.0, "A replaced generation's file is removed once no client holds "
-            "it, or after this long."),
-    Setting("group", str, None, "Also let this group use the socket and read the table (modes 0660/0640)."),
-    Setting("remote_status", str, None, "Also answer status (only) over TCP, with CURVE.", metavar="tcp://HOST:PORT"),
-    Setting("curve_keys_dir", PATH, None, "Keys made by `engramd keys DIR` (for --remote-status)."),
-    Setting("metrics_port", int, None, "Serve Prometheus metrics on this port [default: off]."),
-    Setting("metrics_address", str, "127.0.0.1", "Address for the metrics port (0.0.0.0 for a cluster scraper)."),
-    Setting("numa_node", int, None, "Place the table's pages on this NUMA node."),
-    Setting("demo_vocab_size", int, None, "Vocab size of the demo table [default: 2000]."),
-    Setting("demo_seed", int, 0, "Seed of the demo table."),
+            "checkpoint's parent]; repeatable.", multiple=True, field="reload_roots", to_config=list),
+    Setting("retire_grace_seconds", float, DEFAULTS["retire_grace_seconds"], "A replaced generation's file is "
+            "removed once no client holds it, or after this long.", field="retire_grace_seconds"),
+    Setting("group", str, None, "Also let this group use the socket and read the table (modes 0660/0640).",
+            field="group"),
+    Setting("remote_status", str, None, "Also answer status (only) over TCP, with CURVE.", metavar="tcp://HOST:PORT",
+            field="remote_status"),
+    Setting("curve_keys_dir", PATH, None, "Keys made by `engramd keys DIR` (for --remote-status).",
+            field="curve_keys_dir"),
+    Setting("metrics_port", int, None, "Serve Prometheus metrics on this port [default: off].", field="metrics_port"),
+    Setting("metrics_address", str, DEFAULTS["metrics_address"], "Address for the metrics port (0.0.0.0 for a "
+            "cluster scraper).", field="metrics_address"),
+    Setting("numa_node", int, None, "Place the table's pages on this NUMA node.", field="numa_node"),
+    Setting("demo_vocab_size", int, None, f"Vocab size of the demo table [default: {DEMO_VOCAB_SIZE}].",
+            field="demo_vocab_size", to_config=lambda value: DEMO_VOCAB_SIZE if value is None else value),
+    Setting("demo_seed", int, DEFAULTS["demo_seed"], "Seed of the demo table.", field="demo_seed"),
     Setting("progress", bool, None, "Progress bar while loading [default: on a terminal].",
-            flag="--progress/--no-progress"),
+            flag="--progress/--no-progress", field="progress_bar",
+            to_config=lambda value: sys.stderr.isatty() if value is None else value),
     Setting("log_level", click.Choice(["debug", "info", "warning", "error"]), "info", "Log level."),
     Setting("log_format", click.Choice(["text", "json"]), "text", "Human-readable lines, or one JSON object per line."),
 ]
@@ -104,18 +127,30 @@ SOURCES = {ParameterSource.COMMANDLINE: "command line", ParameterSource.ENVIRONM
            ParameterSource.DEFAULT_MAP: "config file", ParameterSource.DEFAULT: "default"}
 
 
-def describe(ctx: click.Context, values: dict[str, Any]) -> str:
-    """The effective settings as TOML, each with where its value came from."""
+def describe(ctx: click.Context, values: dict[str, Any], resolved: dict[str, Any] | None = None) -> str:
+    """The effective settings as TOML, each with where its value came from; ``resolved`` holds
+    what the daemon makes of a value (absolute paths, the default endpoint) where that differs."""
     lines = []
     for setting in SETTINGS:
         value = values[setting.name]
         source = SOURCES.get(ctx.get_parameter_source(setting.name), "default")
         if source == "environment":
             source += f" ({setting.envvar})"
+        if resolved and setting.name in resolved:
+            given = "unset" if value is None or value == () else json.dumps(list(value) if isinstance(value, tuple)
+                                                                              else value)
+            source += f"; resolved from {given}"
+            value = resolved[setting.name]
         if value is None or value == ():
             lines.append(f"# {setting.name} = (unset)  # {source}")
         else:
-            rendered = json.dumps(list(value) if isinstance(value, tuple) else value)
+            rendered = json.dumps(list(value) if isinstance(value, (tuple, list)) else value)
             lines.append(f"{setting.name} = {rendered}  # {source}")
     return "\n".join(lines)
 
+
+
+def serve_config(values: dict[str, Any]) -> ServeConfig:
+    """The ServeConfig the effective settings describe (validated by ServeConfig itself)."""
+    return ServeConfig(**{setting.field: setting.to_config(values[setting.name]) if setting.to_config
+                          else values[setting.name] for setting in SETTINGS if setting.field})

@@ -24,10 +24,12 @@ import os
 import re
 from dataclasses import dataclass
 
-from engram_client.errors import ShmSpaceError, TableFileError
-from engram_client.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
+from engram_client.core.errors import ShmSpaceError, TableFileError
+from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
+from .lock_owner import holder
 from .safe_paths import UnsafePathError, check_directory, foreign_reason, take_lock
+from .sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")
 _TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)\.table(\.partial)?$")
@@ -39,7 +41,7 @@ def instance_id(endpoint: str) -> str:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return human_bytes(n)
 
 
 class ShmDir:
@@ -55,8 +57,9 @@ class ShmDir:
         check_directory(self.directory, "shm dir")  # a shared one must be sticky, like /dev/shm
         self.lock_path = os.path.join(self.directory, f"engramd-{instance}.lock")
         try:
-            self._lock_fd = take_lock(self.lock_path, "lock file",
-                                      "another live engramd already owns it (same endpoint and shm dir); stop it first")
+            self._lock_fd = take_lock(self.lock_path, "lock file", lambda: (
+                f"another live engramd{holder(self.lock_path)} already owns it (same endpoint and shm dir); "
+                "stop it first"))
         except UnsafePathError as exc:
             raise TableFileError(str(exc)) from exc
         try:  # the pid is for people reading the dir; hugetlbfs has no write(2), and that is fine
@@ -151,7 +154,8 @@ class ShmDir:
         if free < nbytes:
             raise ShmSpaceError(
                 f"shm dir {self.directory} has {_gib(free)} free but the table needs {_gib(nbytes)} "
-                f"({nbytes} bytes). Give it more: in Docker, --shm-size={-(-nbytes // 2**30) + 1}g or --ipc=host; "
+                f"({nbytes} bytes). Give it more, with room for a reload's second generation beside the first: "
+                f"in Docker, --shm-size={-(-2 * nbytes // 2**30) + 1}g or --ipc=host; "
                 f"in Kubernetes, a bigger memory-backed emptyDir; otherwise remount the tmpfs larger "
                 f"(mount -o remount,size=... {self.directory}) or point --shm-dir at a bigger tmpfs or hugetlbfs")
 
@@ -221,6 +225,8 @@ class TableWriter:
             self.abandon()
             raise
         self.write(0, self.header.encode(STATE_WRITING))
+        if self.header.hashing is not None and self.header.hashing.token_map is not None:
+            self.write(self.header.hashing.map_offset, self.header.hashing.token_map.astype("<i4"))
 
     def write(self, offset: int, data) -> None:
         """Write a bytes-like object at ``offset`` (thread-safe: positional writes only)."""

@@ -2,11 +2,18 @@
 # Create .venv (once) with the project and its test tools. On CPU machines torch is pinned to
 # 2.13.0, whose CPU wheel is on local disk here; on GPU machines install the project into an
 # environment that already has CUDA torch, Triton and cuda-bindings (pip install -e '.[gpu,test]').
+# Installing compiles the C extensions (gcc); an existing .venv that lacks one is refreshed.
+# Later runs find .venv complete and say nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if .venv/bin/python -c "import engramd, engram_client, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
+if .venv/bin/python -c "import engramd, engram_client, engram_client._host_gather, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   exit 0
 fi
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "engramd needs Python 3.11 or newer")'
+started=$SECONDS
+echo "setup: first run: creating $(pwd)/.venv and installing engramd with torch 2.13.0 (CPU) and the test tools;" >&2
+echo "setup: this takes about a minute (longer if torch is downloaded), and happens once." >&2
 python3 -m venv .venv
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"
+echo "setup: installing packages into .venv (and building the C extensions) ..." >&2
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[client,synth,test]"  # also builds the C extensions in place
+echo "setup: .venv ready after $((SECONDS - started)) s" >&2

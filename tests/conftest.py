@@ -5,7 +5,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -13,7 +12,8 @@ import numpy as np
 import pytest
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import EngramError
+from engram_client.core.errors import EngramError
+from engram_client.tools.serve_process import launch_serve
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,15 +36,14 @@ class DaemonProcess:
     def __init__(self, socket_dir: str, shm_dir: str, *extra: str, name: str = "engramd"):
         self.endpoint = f"ipc://{socket_dir}/{name}.sock"
         self.shm_dir = shm_dir
-        self.args = [sys.executable, "-m", "engramd", "serve", "--socket", self.endpoint, "--shm-dir", shm_dir,
-                     "--no-progress", "--log-level", "info", *extra]
+        self.extra = extra
         self.log_path = os.path.join(socket_dir, f"{name}.log")
         self.proc: subprocess.Popen | None = None
         self.connection = DaemonConnection(self.endpoint)
 
     def start(self) -> "DaemonProcess":
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = launch_serve(self.endpoint, self.shm_dir, *self.extra, log_level="info", output=self._log)
         return self
 
     def log(self) -> str:

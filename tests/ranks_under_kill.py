@@ -22,7 +22,7 @@ RANK = textwrap.dedent("""
     import json, sys, threading, time
     import numpy as np, torch
     from engram_client import EngramClient
-    from engram_client.demo_rows import demo_rows
+    from engram_client.core.demo_rows import demo_rows
     from engram_client.reference import reference_bf16_bits, same_bf16
 
     endpoint, rank, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]

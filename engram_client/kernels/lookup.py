@@ -16,7 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import EngramError
+from ..core.errors import EngramError
+from ..core.layout import QUANT_BLOCK, packed_row_bytes
+from ..lookup_config import LookupConfig
+
+DEFAULT_CONFIG = LookupConfig()
 
 OUT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 ID_DTYPES = (torch.int32, torch.int64)
@@ -116,8 +120,8 @@ def _grid(n: int, block_rows: int, max_programs: int | None) -> tuple[int]:
 
 
 def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
-                        row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
-                        max_programs: int | None = None, cache=None, num_warps: int = 4) -> None:
+                        row_lo: int, row_hi: int, head_dim: int, row_bytes: int,
+                        config: LookupConfig = DEFAULT_CONFIG, cache=None) -> None:
     """Like launch_lookup, but each distinct id crosses PCIe once, in address order.
 
     Sort, then fetch first occurrences, then copy repeats within HBM: every step has a size
@@ -127,13 +131,14 @@ def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tenso
     n = ids.numel()
     if n == 0:
         return
+    block_rows, num_warps = config.block_rows, config.num_warps
     sorted_ids, perm = torch.sort(ids)
     positions = torch.arange(n, device=ids.device)
     is_first = torch.ones(n, dtype=torch.bool, device=ids.device)
     is_first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     run_start = torch.cummax(positions * is_first, 0).values
     slots, rows = _cache_args(cache, sorted_ids, out)
-    grid = _grid(n, block_rows, max_programs)
+    grid = _grid(n, block_rows, config.max_programs)
     _lookup_kernel[grid](table, sorted_ids, perm, out, bad_count, slots, rows, n, row_lo, row_hi,
                          ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
                          HAS_CACHE=slots is not None, SORTED=True, num_warps=num_warps)
@@ -162,21 +167,23 @@ def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> N
         raise EngramError(f"out has shape {tuple(out.shape)}, expected ({ids.numel()}, {head_dim})")
     if bad_count.dtype != torch.int32 or bad_count.numel() != 1:
         raise EngramError("bad_count must be one int32")
-    if head_dim % 32 or head_dim & (head_dim - 1):
+    if head_dim % QUANT_BLOCK or head_dim & (head_dim - 1):
         raise EngramError(f"head_dim {head_dim} must be a power of two and a multiple of 32 for this kernel")
-    if row_bytes != head_dim + head_dim // 32:
+    if row_bytes != packed_row_bytes(head_dim):
         raise EngramError(f"row_bytes {row_bytes} does not match head_dim {head_dim} packed with its scales")
 
 
 def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
-                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, block_rows: int = 16,
-                  max_programs: int | None = None, cache=None, num_warps: int = 4) -> None:
-    """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi)."""
+                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, config: LookupConfig = DEFAULT_CONFIG,
+                  cache=None) -> None:
+    """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi); the grid,
+    block and warps come from ``config``."""
     _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
     n = ids.numel()
     if n == 0:
         return
-    grid = _grid(n, block_rows, max_programs)
+    block_rows, num_warps = config.block_rows, config.num_warps
+    grid = _grid(n, block_rows, config.max_programs)
     slots, rows = _cache_args(cache, ids, out)
     _lookup_kernel[grid](table, ids, None, out, bad_count, slots, rows, n, row_lo, row_hi, ROW_BYTES=row_bytes,
                          HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],

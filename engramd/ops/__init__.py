@@ -7,6 +7,8 @@ directly, without sockets.
 """
 from __future__ import annotations
 
+from engram_client.core import protocol
+
 from .attach import Attach
 from .detach import Detach
 from .heartbeat import Heartbeat
@@ -14,4 +16,7 @@ from .reload import Reload
 from .status import Status
 from .stop import Stop
 
-OPERATIONS = {op.name: op for op in (Attach(), Heartbeat(), Detach(), Status(), Stop(), Reload())}
+_HANDLERS = {op.name: op for op in (Attach(), Heartbeat(), Detach(), Status(), Stop(), Reload())}
+if set(_HANDLERS) != set(protocol.OPERATIONS):  # the protocol's list is the one source of operation names
+    raise ImportError(f"operation handlers {sorted(_HANDLERS)} do not match the protocol's {protocol.OPERATIONS}")
+OPERATIONS = {name: _HANDLERS[name] for name in protocol.OPERATIONS}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_client.errors import ProtocolError
+from engram_client.core.errors import ProtocolError
 
 _MISSING = object()
 

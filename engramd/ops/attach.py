@@ -1,6 +1,7 @@
+"""The attach operation: a rank asks for a lease on the served table."""
 from __future__ import annotations
 
-from engram_client.errors import ProtocolError
+from engram_client.core.errors import ProtocolError
 
 from ..lease_limits import DEVICE_CHARS, HOST_CHARS
 from .args import arg

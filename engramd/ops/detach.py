@@ -1,3 +1,4 @@
+"""The detach operation: a rank gives its lease back."""
 from __future__ import annotations
 
 from .args import arg

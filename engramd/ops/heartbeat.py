@@ -1,3 +1,4 @@
+"""The heartbeat operation: a rank renews its lease."""
 from __future__ import annotations
 
 from .args import arg

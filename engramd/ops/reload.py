@@ -1,6 +1,7 @@
+"""The reload operation: load the next generation beside the served one."""
 from __future__ import annotations
 
-from engram_client.errors import ProtocolError
+from engram_client.core.errors import ProtocolError
 
 from .args import arg
 

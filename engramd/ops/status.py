@@ -1,6 +1,7 @@
+"""The status operation: the daemon's whole state, answered in every state."""
 from __future__ import annotations
 
-from engram_client.errors import ProtocolError
+from engram_client.core.errors import ProtocolError
 
 from ..lease_limits import STATUS_CLIENTS, STATUS_CLIENTS_MAX
 from .args import arg

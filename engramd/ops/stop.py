@@ -1,3 +1,4 @@
+"""The stop operation: the daemon stops once the reply is sent."""
 from __future__ import annotations
 
 
@@ -6,5 +7,5 @@ class Stop:
     name = "stop"
 
     def execute(self, daemon, args, peer: bytes = b""):
-        daemon.stop_requested.set()
+        daemon.request_stop()
         return {"stopping": True, "boot_id": daemon.boot_id}

@@ -1,4 +1,7 @@
-"""engram_client on CUDA: registration, the Triton kernel's exactness, prefetch, sharing."""
+"""engram_client on CUDA: registration, the UVA kernel's exactness, prefetch, sharing.
+
+The host-gather path has its own file (test_host_path_gpu.py); tests here that exercise the
+Triton lookup kernel ask for lookup_path="uva"."""
 from __future__ import annotations
 
 import os
@@ -11,7 +14,7 @@ import pytest
 import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact, assert_float32_exact
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +27,7 @@ pytestmark = pytest.mark.gpu
 def test_kernel_is_exact_on_every_dtype_path(special_daemon, id_dtype, ids_on, out_dtype, strategy):
     daemon, weight, scale = special_daemon
     with EngramClient(endpoint=daemon.endpoint, device="cuda:0", out_dtype=out_dtype,
-                      lookup_strategy=strategy) as client:
+                      lookup_strategy=strategy, lookup_path="uva") as client:
         table = client.table(3)
         rng = np.random.default_rng(0)
         ids = np.concatenate([np.arange(table.num_rows), rng.integers(0, table.num_rows, 5000)])
@@ -45,14 +48,16 @@ def test_demo_table_exact_with_shaped_ids(demo_daemon):
 
 
 @pytest.mark.parametrize("strategy", ["dedup", "direct"])
-def test_out_of_range_ids_on_the_gpu_raise_at_wait(demo_daemon, strategy):
-    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_strategy=strategy) as client:
+def test_out_of_range_ids_on_the_gpu_raise_at_a_strict_wait(demo_daemon, strategy):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_strategy=strategy,
+                      lookup_path="uva", strict_ids=True) as client:
         table = client.table(1)
         ids = torch.tensor([0, -5, table.num_rows, 2**40, 7, -5], device="cuda")
         handle = table.prefetch(ids)  # ids live on the GPU: counted by the kernel, reported at wait
-        with pytest.raises(IdsOutOfRangeError, match="4 of 6 ids"):  # a repeated bad id counts twice
+        assert handle.blocks_host
+        with pytest.raises(IdsOutOfRangeError, match="4 ids in finished lookups"):  # a repeated bad id counts twice
             handle.wait()
-        with pytest.raises(IdsOutOfRangeError):
+        with pytest.raises(IdsOutOfRangeError, match="4 ids"):
             handle.wait()
         with pytest.raises(IdsOutOfRangeError, match="4 of 6"):
             table.lookup(ids.cpu())
@@ -88,14 +93,20 @@ def test_row_range_registration_on_gpu(demo_daemon):
         ids = np.arange(1000, 5000)
         assert_bf16_exact(table.lookup(torch.from_numpy(ids).cuda()), *demo_rows(0, 1, ids, 256))
         with pytest.raises(IdsOutOfRangeError, match="registered range"):
-            table.lookup(torch.tensor([999], device="cuda"))
+            table.lookup(torch.tensor([999]))
+        handle = table.prefetch(torch.tensor([999, 1000], device="cuda"))  # on the GPU: zeroed, reported later
+        torch.cuda.synchronize()
+        with pytest.raises(IdsOutOfRangeError, match="1 ids in finished lookups were outside .*registered range"):
+            handle.wait()
+        out = handle.wait()  # reported once; the rows are there, the bad one zeroed
+        assert not out[0].any() and out[1].any()
 
 
 RANK = textwrap.dedent("""
     import os, sys, numpy as np, torch
     sys.path.insert(0, sys.argv[4])
     from engram_client import EngramClient
-    from engram_client.demo_rows import demo_rows
+    from engram_client.core.demo_rows import demo_rows
     from exactness import assert_bf16_exact
     client = EngramClient(endpoint=sys.argv[1], device=sys.argv[2], rank=int(sys.argv[3]))
     for layer in client.layers:
@@ -166,7 +177,7 @@ def test_two_processes_on_two_gpus(demo_daemon):
 @pytest.mark.parametrize("strategy", ["auto", "dedup", "direct"])
 def test_hot_row_cache_is_exact_and_gets_hits(demo_daemon, strategy):
     with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_strategy=strategy,
-                      hot_cache_bytes=8 << 20, hot_cache_refresh_every=4) as client:
+                      hot_cache_bytes=8 << 20, hot_cache_refresh_every=4, strict_ids=True) as client:
         table = client.table(14)
         assert table.hot_cache is not None and table.max_programs >= 1
         rng = np.random.default_rng(7)
@@ -178,7 +189,7 @@ def test_hot_row_cache_is_exact_and_gets_hits(demo_daemon, strategy):
         slots = table.hot_cache.slots(torch.from_numpy(ids).cuda())
         assert int((slots >= 0).sum()) > ids.size // 2, "a Zipf stream should mostly hit the cache"
         bad = torch.tensor([int(table.hot_cache.keys[0]), -1, table.num_rows], device="cuda")
-        with pytest.raises(IdsOutOfRangeError, match="2 of 3"):
+        with pytest.raises(IdsOutOfRangeError, match="2 ids in finished lookups"):
             table.lookup(bad)
 
 
@@ -189,27 +200,29 @@ def test_hot_row_cache_needs_cuda_and_a_sane_budget(demo_daemon):
 
 # The refused capture leaves an empty graph behind, and torch warns about it: expected here.
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
-def test_a_lookup_inside_a_cuda_graph_capture_is_refused_clearly(demo_daemon):
+def test_a_uva_only_client_refuses_a_lookup_inside_a_cuda_graph_capture_clearly(demo_daemon):
     from engram_client import NotCapturableError
 
-    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path="uva") as client:
         table = client.table(1)
         ids = torch.arange(64, device="cuda")
         table.lookup(ids)  # warm: kernels compiled, buffers cached
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
-            with pytest.raises(NotCapturableError, match="outside the captured region"):
+            with pytest.raises(NotCapturableError, match="need the host path"):
                 with torch.cuda.graph(graph, stream=side):
                     table.prefetch(ids)
         # Outside the capture the same lookup works, and is exact.
         assert_bf16_exact(table.lookup(ids), *demo_rows(0, 1, np.arange(64), 256))
 
 
-def test_ids_from_the_host_never_block_the_host_and_ids_on_the_gpu_wait_with_a_timeout(demo_daemon):
+@pytest.mark.parametrize("path", ["uva", "host"])
+def test_lookups_never_block_the_host_and_a_strict_wait_times_out(demo_daemon, path):
     from engram_client import EngramTimeoutError
 
-    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as client:
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path=path) as client, \
+            EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path=path, strict_ids=True) as strict:
         table = client.table(14)
         ids = np.random.default_rng(3).integers(0, table.num_rows, 6144)
         table.lookup(torch.from_numpy(ids).cuda())  # warm: kernels compiled
@@ -221,13 +234,18 @@ def test_ids_from_the_host_never_block_the_host_and_ids_on_the_gpu_wait_with_a_t
         rows = from_host.wait()  # returns while the GPU still sleeps: only stream-ordered
         assert not from_host.done()
         from_gpu = table.prefetch(gpu_ids)
-        assert from_gpu.blocks_host
+        assert not from_gpu.blocks_host, "ids on the GPU are reported later, without a host sync"
+        gpu_rows = from_gpu.wait()
+        strict_gpu = strict.table(14).prefetch(gpu_ids)
+        assert strict_gpu.blocks_host
         with pytest.raises(EngramTimeoutError, match="lookup of 6144 ids in layer 14's rows"):
-            from_gpu.wait(timeout=0.05)
+            strict_gpu.wait(timeout=0.05)
         torch.cuda.synchronize()
         assert_bf16_exact(rows, *demo_rows(0, 14, ids, 256))
-        assert_bf16_exact(from_gpu.wait(), *demo_rows(0, 14, ids[::-1].copy(), 256))
-        assert int(table._unused_count()) == 0, "the shared counter of host-checked calls was written"
+        assert_bf16_exact(gpu_rows, *demo_rows(0, 14, ids[::-1].copy(), 256))
+        assert_bf16_exact(strict_gpu.wait(), *demo_rows(0, 14, ids[::-1].copy(), 256))
+        if path == "uva":
+            assert int(table._unused_count()) == 0, "the shared counter of host-checked calls was written"
 
 
 def test_ids_on_another_gpu_are_moved_and_counted_there(demo_daemon):
@@ -237,9 +255,11 @@ def test_ids_on_another_gpu_are_moved_and_counted_there(demo_daemon):
         table = client.table(1)
         ids = np.random.default_rng(5).integers(0, table.num_rows, 3000)
         handle = table.prefetch(torch.from_numpy(ids).to("cuda:1"))
-        assert handle.blocks_host  # not checked on the host: the kernel counts them on cuda:0
         out = handle.wait()
         assert out.device == torch.device("cuda:0")
         assert_bf16_exact(out, *demo_rows(0, 1, ids, 256))
-        with pytest.raises(IdsOutOfRangeError, match="1 of 2 ids"):
-            table.lookup(torch.tensor([0, table.num_rows], device="cuda:1"))
+        handle = table.prefetch(torch.tensor([0, table.num_rows], device="cuda:1"))  # counted on cuda:0
+        torch.cuda.synchronize()
+        with pytest.raises(IdsOutOfRangeError, match="1 ids in finished lookups"):
+            table.lookup(torch.tensor([0], device="cuda:1"))
+        assert not handle.wait()[1].any()

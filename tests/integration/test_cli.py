@@ -21,9 +21,9 @@ import torch
 from click.testing import CliRunner
 
 from engram_client import EngramClient
-from engram_client.demo_rows import demo_rows
-from engram_client.layout import EngramConfig, build_layout
-from engram_client.table_file import TableHeader
+from engram_client.core.demo_rows import demo_rows
+from engram_client.core.layout import EngramConfig, build_layout
+from engram_client.core.table_file import TableHeader
 from engramd.checkpoint import read_checkpoint
 from engramd.cli import main
 from engramd.synth import synth_config, write_checkpoint
@@ -90,7 +90,7 @@ def test_status_human_output(demo_daemon):
         rows = {layer["layer"]: layer["rows"] for layer in demo_daemon.status()["layers"]}
         for layer, count in rows.items():
             assert re.search(rf"^\s+layer\s+{layer}: {count} rows x 256, 24 heads$", out, re.M), out
-        assert re.search(r"^clients\s+1$", out, re.M) and client.client_id in out and "rank 5" in out
+        assert re.search(r"^clients\s+1 ", out, re.M) and client.client_id in out and "rank 5" in out
 
 
 def test_status_honours_engramd_socket(demo_daemon):
@@ -414,6 +414,8 @@ def test_demo_as_a_process():
         line = next((line for line in lines if line.startswith(f"rank {rank} ")), None)
         assert line is not None, proc.stdout
         assert "0 mismatches" in line and line.endswith("[OK]"), line
+        assert re.search(r": attached in [0-9.]+ s, ", line), line  # README advertises the attach time
+    assert re.search(r"^engramd ready: .* started and loaded in [0-9.]+ s$", proc.stdout, re.M), proc.stdout
     assert "clients still attached: 0" in proc.stdout
     assert "table file removed: True" in proc.stdout
 

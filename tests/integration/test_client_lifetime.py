@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from engram_client import EngramClient
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact
 from waiting import wait_for
 

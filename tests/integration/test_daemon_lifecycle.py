@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from engram_client.errors import DaemonUnavailableError
-from engram_client.table_file import read_header
+from engram_client.core.errors import DaemonUnavailableError
+from engram_client.core.table_file import read_header
 from engramd.synth import write_checkpoint
 
 
@@ -74,9 +74,9 @@ def test_failed_load_keeps_daemon_answering(daemon_factory, tmp_path):
     assert daemon.proc.wait(timeout=30) == 0
 
 
-def test_two_daemons_on_different_sockets_and_shm_dirs(daemon_factory, tmp_path):
-    other_shm = tmp_path / "shm2"
-    other_shm.mkdir()
+def test_two_daemons_on_different_sockets_and_shm_dirs(daemon_factory, shm_dir):
+    other_shm = os.path.join(shm_dir, "shm2")  # on tmpfs too: a disk dir would be refused
+    os.mkdir(other_shm)
     a = daemon_factory("--demo-seed", "1", name="a")
     b = daemon_factory("--demo-seed", "2", name="b", shm=str(other_shm))
     sa, sb = a.wait_state("ready"), b.wait_state("ready")
@@ -91,7 +91,8 @@ def test_two_daemons_on_different_sockets_and_shm_dirs(daemon_factory, tmp_path)
 def test_same_endpoint_twice_is_refused(demo_daemon, daemon_factory):
     second = daemon_factory(shm=demo_daemon.shm_dir)
     assert second.proc.wait(timeout=30) == 1
-    assert "another engramd is serving" in second.log()
+    # The refusal names the daemon in the way, so the operator knows which process to look at.
+    assert f"another engramd (pid {demo_daemon.proc.pid}) is serving" in second.log()
     assert demo_daemon.status()["state"] == "ready"
 
 

@@ -34,7 +34,7 @@ from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from engram_client import protocol
+from engram_client.core import protocol
 
 FUZZ = settings(max_examples=400, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,

@@ -18,9 +18,9 @@ import pytest
 import zmq
 
 from engram_client import EngramClient
-from engram_client import protocol
+from engram_client.core import protocol
 from engram_client.connection import DaemonConnection
-from engram_client.errors import RequestError, UnknownClientError
+from engram_client.core.errors import RequestError, UnknownClientError
 from waiting import wait_for
 
 

@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import DaemonUnavailableError
+from engram_client.core.errors import DaemonUnavailableError
 from engramd.table_store import instance_id
 from other_user import other_user  # noqa: F401  (a fixture)
 

@@ -5,7 +5,7 @@ import msgpack
 import pytest
 import zmq
 
-from engram_client import protocol
+from engram_client.core import protocol
 
 
 @pytest.fixture

@@ -152,6 +152,7 @@ def test_refresh_onto_other_layers_keeps_the_clients_options(daemon_factory, tmp
         assert client.layers == [14, 20]
         new_table = client.table(20)
         assert new_table.strategy == "direct" and new_table.wait_timeout == 7.0
+        assert new_table.config is client.lookup_config and client.table(14).config is client.lookup_config
         with safe_open(os.path.join(c, "model.safetensors"), framework="pt") as f:
             weight = f.get_tensor("model.layers.20.engram.embed.weight").view(torch.uint8).numpy()
             scale = f.get_tensor("model.layers.20.engram.embed.scale").view(torch.uint8).numpy()

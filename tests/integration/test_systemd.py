@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,8 @@ def test_ready_is_sent_only_once_the_table_is_ready(socket_dir, shm_dir, tmp_pat
         while not any("READY=1" in m for m in messages):
             messages.append(listener.recv(4096).decode())
         assert any(m.startswith("STATUS=loading:") for m in messages[:-1]), messages
+        # a 38 MB table reads in MiB, never as "0.02 of 0.04 GiB"
+        assert any(re.match(r"STATUS=loading: [0-9.]+/[0-9.]+ MiB \([0-9.]+%\)$", m) for m in messages), messages
         ready_at = next(i for i, m in enumerate(messages) if "READY=1" in m)
         status = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", endpoint, "--json"],
                                 capture_output=True, timeout=60)

@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engram_client.errors import CheckpointError, LayoutError
-from engram_client.layout import EngramConfig, build_layout
+from engram_client.core.errors import CheckpointError, LayoutError
+from engram_client.core.layout import EngramConfig, build_layout
 from engramd.checkpoint import INDEX_NAME, read_checkpoint
 from engramd.synth import synth_config, write_checkpoint
 

@@ -6,13 +6,13 @@ import os
 import numpy as np
 import pytest
 
-from engram_client.errors import CheckpointError
+from engram_client.core.errors import CheckpointError
 from engramd.checkpoint import read_checkpoint
 from engramd.checkpoint_guard import CheckpointGuard, sample_rows
 from engramd.loader import CheckpointSource, Progress, fill_table
 from engramd.synth import write_checkpoint
 from engramd.table_store import ShmDir
-from engram_client.table_file import TableHeader
+from engram_client.core.table_file import TableHeader
 
 
 def test_sampled_rows_include_both_ends():

@@ -15,8 +15,8 @@ from fractions import Fraction
 
 import pytest
 
-from engram_client.layout import LayerLayout
-from engram_client.table_file import TableHeader
+from engram_client.core.layout import LayerLayout
+from engram_client.core.table_file import TableHeader
 
 yaml = pytest.importorskip("yaml")
 

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from engram_client.errors import CheckpointError, LayoutError
-from engram_client.layout import CONFIG_FIELDS, EngramConfig, build_layout
+from engram_client.core.errors import CheckpointError, LayoutError
+from engram_client.core.layout import CONFIG_FIELDS, EngramConfig, build_layout
 from engramd.checkpoint import INDEX_NAME, read_checkpoint
 from engramd.synth import write_checkpoint
 

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from engram_client.errors import LayoutError
-from engram_client.layout import QUANT_BLOCK, EngramConfig, LayerLayout, build_layout, head_sizes, is_prime
+from engram_client.core.errors import LayoutError
+from engram_client.core.layout import QUANT_BLOCK, EngramConfig, LayerLayout, build_layout, head_sizes, is_prime
 
 # DeepSeek-V4.1's config values and its published per-layer row counts.
 V41 = {"engram_vocab_size": 16000000, "engram_layer_ids": [1, 14], "engram_max_ngram_size": 4,

@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent("""
     from engram_client.kernels import lookup as L
     from engram_client.dequant import dequantize_rows
     from engram_client.hot_rows import HotRowCache
+    from engram_client.lookup_config import LookupConfig
     L._check = lambda *args: None  # the launchers' device checks want CUDA; the interpreter runs on CPU
     rng = np.random.default_rng(0)
     rows, head_dim, row_bytes = 500, 256, 264
@@ -34,8 +35,6 @@ SCRIPT = textwrap.dedent("""
     table = torch.from_numpy(raw)
     table.view(rows, row_bytes)[:, 256:] = torch.from_numpy(rng.integers(110, 140, (rows, 8), dtype=np.uint8))
     cache = HotRowCache(40, head_dim, torch.bfloat16, torch.device("cpu"), refresh_every=2)
-    fetch = lambda keys, out: L.launch_lookup(table, keys, out, torch.zeros(1, dtype=torch.int32), 0, rows,
-                                              head_dim, row_bytes)
     failures = 0
     for trial, (max_programs, block_rows) in enumerate([(None, 16), (5, 64), (1, 32), (3, 128)]):
         n = 300 + trial * 77
@@ -48,14 +47,14 @@ SCRIPT = textwrap.dedent("""
             for use_cache in (None, cache):
                 out = torch.full((n, head_dim), 99.0, dtype=torch.bfloat16)
                 bad = torch.zeros(1, dtype=torch.int32)
-                launch(table, ids, out, bad, 0, rows, head_dim, row_bytes, block_rows=block_rows,
-                       max_programs=max_programs, cache=use_cache)
+                launch(table, ids, out, bad, 0, rows, head_dim, row_bytes,
+                       LookupConfig(block_rows=block_rows, max_programs=max_programs), cache=use_cache)
                 exact = bool((out.view(torch.int16) == expected.view(torch.int16)).all())
                 counted = int(bad) == int((~valid).sum())
                 failures += (not exact) + (not counted)
                 print(launch.__name__, n, max_programs, block_rows, use_cache is not None, exact, counted)
         if due:
-            cache.refresh(fetch, 0, rows)
+            cache.refresh(table, 0, rows, row_bytes, LookupConfig())
     hits = int((cache.slots(ids) >= 0).sum())
     print("cached", cache.keys.numel(), "hits", hits)
     assert cache.keys.numel() == 40 and hits > 0, "the cache never filled"

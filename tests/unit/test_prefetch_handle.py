@@ -1,52 +1,83 @@
-"""PrefetchHandle's host-side logic: when wait() blocks, what it raises, how a timeout reads.
+"""PrefetchHandle's and OutOfRangeLedger's host-side logic: when wait() blocks, what it raises and when.
 
-The event here is a stand-in object with CUDA's ``query()``; the real event, counter and
-kernel are exercised on the GPU (tests/gpu/test_lookup_gpu.py)."""
+The events here are stand-ins with CUDA's ``query()``; the real events, counters and kernels
+are exercised on the GPU (tests/gpu/test_lookup_gpu.py, tests/gpu/test_host_path_gpu.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from engram_client import EngramTimeoutError, IdsOutOfRangeError
+from engram_client.out_of_range import OutOfRangeLedger
 from engram_client.prefetch import PrefetchHandle
 
+ROWS = "layer 14's rows [0, 99)"
 
-class NeverDone:
-    def __init__(self):
-        self.queries = 0
+
+class Event:
+    def __init__(self, done: bool = False):
+        self.is_done, self.queries = done, 0
 
     def query(self) -> bool:
         self.queries += 1
-        return False
+        return self.is_done
 
 
-def test_a_handle_without_a_count_to_read_never_blocks():
+def ledger() -> OutOfRangeLedger:
+    return OutOfRangeLedger(lambda: ROWS)
+
+
+def test_a_handle_without_an_event_never_blocks():
     out = torch.arange(12, dtype=torch.float32).view(3, 4)
-    handle = PrefetchHandle(out, (3,), "layer 1's rows [0, 10)")
+    handle = PrefetchHandle(out, (3,), ROWS)
     assert not handle.blocks_host and handle.done()
     assert torch.equal(handle.wait(), out)
 
 
-def test_waiting_on_a_lookup_that_never_ends_times_out_naming_it():
-    event = NeverDone()
-    handle = PrefetchHandle(torch.zeros(6, 4), (2, 3), "layer 14's rows [0, 99)", event=event,
-                            bad_host=torch.zeros(1, dtype=torch.int32), timeout=30.0)
-    assert handle.blocks_host and not handle.done()
+def test_only_strict_mode_blocks_and_its_wait_times_out_naming_the_lookup():
+    lenient = PrefetchHandle(torch.zeros(6, 4), (2, 3), ROWS, event=Event(done=False), ledger=ledger())
+    assert not lenient.blocks_host
+    event = Event(done=False)
+    strict = PrefetchHandle(torch.zeros(6, 4), (2, 3), ROWS, event=event, ledger=ledger(), strict=True, timeout=30.0)
+    assert strict.blocks_host and not strict.done()
     with pytest.raises(EngramTimeoutError, match=r"lookup of 6 ids in layer 14's rows \[0, 99\) did not finish "
                                                  r"on the prefetch stream within 0\.1 s"):
-        handle.wait(timeout=0.1)
-    assert event.queries > 1 and handle.blocks_host  # it polled, and a later wait will block again
+        strict.wait(timeout=0.1)
+    assert event.queries > 1 and strict.blocks_host  # it polled, and a later wait will block again
 
 
-class Done:
-    def query(self) -> bool:
-        return True
+def test_the_gather_counter_is_reported_once_at_the_next_call():
+    book = ledger()
+    book.raise_finished()  # nothing yet
+    book.counter[0] += 3  # what the gather threads do for three bad ids
+    with pytest.raises(IdsOutOfRangeError, match=r"3 ids in finished lookups were outside layer 14's rows"):
+        book.raise_finished()
+    book.raise_finished()  # reported once
+    book.counter[0] += 1
+    book.drain()  # closing or moving on: what is pending is dropped
+    book.raise_finished()
 
 
-def test_the_kernels_count_of_bad_ids_is_raised_at_every_wait():
-    handle = PrefetchHandle(torch.zeros(5, 4), (5,), "layer 1's rows [0, 10)", event=Done(),
-                            bad_host=torch.tensor([2], dtype=torch.int32))
+def test_a_kernel_count_is_reported_only_once_its_lookup_has_finished():
+    book = ledger()
+    first, second = Event(done=False), Event(done=False)
+    book.watch(first, torch.tensor([2], dtype=torch.int32))
+    book.watch(second, torch.tensor([5], dtype=torch.int32))
+    book.raise_finished()  # neither finished: no host wait, nothing to say
+    second.is_done = True
+    book.raise_finished()  # watched in order: the second waits behind the first
+    first.is_done = True
+    with pytest.raises(IdsOutOfRangeError, match="7 ids in finished lookups"):
+        book.raise_finished()
+    book.raise_finished()
+
+
+def test_strict_wait_raises_its_own_lookups_error_at_every_wait():
+    book = ledger()
+    event = Event(done=True)
+    book.watch(event, torch.tensor([2], dtype=torch.int32))
+    handle = PrefetchHandle(torch.zeros(5, 4), (5,), ROWS, event=event, ledger=book, strict=True)
     for _ in range(2):
-        with pytest.raises(IdsOutOfRangeError, match="2 of 5 ids are outside layer 1's rows"):
+        with pytest.raises(IdsOutOfRangeError, match="2 ids in finished lookups were outside"):
             handle.wait()
     assert not handle.blocks_host

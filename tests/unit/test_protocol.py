@@ -1,4 +1,4 @@
-"""engram_client.protocol and the daemon's operation handlers, without sockets.
+"""engram_client.core.protocol and the daemon's operation handlers, without sockets.
 
 The handlers are called the circus way, ``OPERATIONS[op].execute(daemon, args)``, on a
 real Daemon whose shm dir is a temp dir; nothing is bound, nothing is sent.
@@ -12,11 +12,11 @@ import time
 import msgpack
 import pytest
 
-from engram_client import protocol
-from engram_client.errors import NotReadyError, ProtocolError, UnknownClientError
+from engram_client.core import endpoints, protocol
+from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
 from engramd.config import ServeConfig
-from engramd.daemon import STOPPING, Daemon
-from engramd.generation import LOADING, READY
+from engram_client.core.protocol import LOADING, READY, STOPPING
+from engramd.daemon import Daemon
 from engramd.ops import OPERATIONS
 from engramd.progress import render
 
@@ -115,32 +115,32 @@ def test_replies_keep_envelope_and_payload_apart():
 def test_default_endpoint_prefers_engramd_socket(monkeypatch, tmp_path):
     monkeypatch.setenv("ENGRAMD_SOCKET", "ipc:///somewhere/else.sock")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert protocol.default_endpoint() == "ipc:///somewhere/else.sock"
+    assert endpoints.default_endpoint() == "ipc:///somewhere/else.sock"
 
 
 def test_default_endpoint_then_xdg_runtime_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("ENGRAMD_SOCKET", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert protocol.default_endpoint() == f"ipc://{tmp_path}/engramd/engramd.sock"
+    assert endpoints.default_endpoint() == f"ipc://{tmp_path}/engramd/engramd.sock"
     monkeypatch.setenv("ENGRAMD_SOCKET", "")  # set but empty counts as unset
-    assert protocol.default_endpoint() == f"ipc://{tmp_path}/engramd/engramd.sock"
+    assert endpoints.default_endpoint() == f"ipc://{tmp_path}/engramd/engramd.sock"
 
 
 def test_default_endpoint_then_a_per_user_tmp_path(monkeypatch):
     monkeypatch.delenv("ENGRAMD_SOCKET", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     expected = os.path.join(tempfile.gettempdir(), f"engramd-{os.getuid()}", "engramd.sock")
-    assert protocol.default_endpoint() == "ipc://" + expected
+    assert endpoints.default_endpoint() == "ipc://" + expected
 
 
 def test_pub_endpoint_for_ipc_and_tcp():
-    assert protocol.pub_endpoint_for("ipc:///run/engramd/engramd.sock") == "ipc:///run/engramd/engramd.sock.events"
-    assert protocol.pub_endpoint_for("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5556"
-    assert protocol.pub_endpoint_for("tcp://[::1]:7000") == "tcp://[::1]:7001"
+    assert endpoints.pub_endpoint_for("ipc:///run/engramd/engramd.sock") == "ipc:///run/engramd/engramd.sock.events"
+    assert endpoints.pub_endpoint_for("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5556"
+    assert endpoints.pub_endpoint_for("tcp://[::1]:7000") == "tcp://[::1]:7001"
     for endpoint in ("tcp://127.0.0.1", "tcp://host:port", "inproc://x", "/plain/path.sock"):
         with pytest.raises(ProtocolError, match="events endpoint"):
-            protocol.pub_endpoint_for(endpoint)
-    assert protocol.ipc_path("ipc:///a/b.sock") == "/a/b.sock" and protocol.ipc_path("tcp://h:1") is None
+            endpoints.pub_endpoint_for(endpoint)
+    assert endpoints.ipc_path("ipc:///a/b.sock") == "/a/b.sock" and endpoints.ipc_path("tcp://h:1") is None
 
 
 # -- daemon-side handlers, no sockets ------------------------------------------------------
@@ -239,9 +239,11 @@ def test_handlers_on_a_loaded_table(tmp_path):
 
 # -- progress ----------------------------------------------------------------------------
 def test_progress_render():
-    gib = 2**30
+    gib, mib = 2**30, 2**20
     assert render(0, 2 * gib) == "loading [" + "." * 30 + "]   0.0% 0.00/2.00 GiB"
     assert render(gib, 2 * gib) == "loading [" + "#" * 15 + "." * 15 + "]  50.0% 1.00/2.00 GiB"
     assert render(2 * gib, 2 * gib) == "loading [" + "#" * 30 + "] 100.0% 2.00/2.00 GiB"
-    assert render(0, 0) == "loading [" + "." * 30 + "]   0.0% 0.00/0.00 GiB"  # no division by zero
-    assert render(1, 2, width=4) == "loading [##..]  50.0% 0.00/0.00 GiB"
+    assert render(0, 0) == "loading [" + "." * 30 + "]   0.0% 0/0 bytes"  # no division by zero
+    assert render(1, 2, width=4) == "loading [##..]  50.0% 1/2 bytes"
+    # below 0.01 GiB the unit is MiB, so a small table never reads "0.00/0.01 GiB"
+    assert render(12 * mib, 38 * mib, width=4) == "loading [#...]  31.6% 12.0/38.0 MiB"

@@ -5,13 +5,14 @@ import importlib.metadata
 import inspect
 
 import engram_client
-from engram_client import errors
+from engram_client.core import errors
 
 EXPECTED_ALL = [
     "EngramClient", "EngramTable", "PrefetchHandle", "PROTOCOL_VERSION", "default_endpoint", "__version__",
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
-    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError",
+    "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
+    "UnknownLayerError", "TokenIdsError", "HasherUnavailableError",
 ]
 
 
@@ -43,10 +44,10 @@ def test_version_matches_the_installed_distribution():
 
 def test_every_error_derives_from_engram_error_and_is_exported():
     classes = error_classes()
-    assert len(classes) == 15, sorted(classes)
+    assert len(classes) == 19, sorted(classes)
     for name, cls in classes.items():
         assert issubclass(cls, errors.EngramError), name
-        assert name in engram_client.__all__, f"{name} is in engram_client.errors but not exported"
+        assert name in engram_client.__all__, f"{name} is in engram_client.core.errors but not exported"
         assert getattr(engram_client, name) is cls
     codes = [cls.code for cls in classes.values()]
     assert len(codes) == len(set(codes)), f"two error classes share a code: {sorted(codes)}"
@@ -63,6 +64,13 @@ def test_error_codes_match_the_protocol_document():
 def test_timeouts_and_range_errors_are_also_builtin_kinds():
     assert issubclass(errors.EngramTimeoutError, TimeoutError)
     assert issubclass(errors.IdsOutOfRangeError, IndexError)
+    assert issubclass(errors.UnknownLayerError, KeyError)
+
+
+def test_unknown_layer_error_reads_plainly_unlike_a_bare_key_error():
+    message = "layer 2 is not in this table (layers [1, 14])"
+    assert str(errors.UnknownLayerError(message)) == message
+    assert str(KeyError(message)) != message  # what a bare KeyError would have shown
 
 
 def test_reply_error_map_names_request_error_subclasses():

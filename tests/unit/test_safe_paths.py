@@ -71,11 +71,11 @@ def test_a_held_lock_names_its_holder(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UnsafePathError, match=f"locked by pid {holder.pid}"):
-            take_lock(path, "lock file", "another engramd owns it")
+            take_lock(path, "lock file", lambda: "another engramd owns it")
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    fd = take_lock(path, "lock file", "another engramd owns it")
+    fd = take_lock(path, "lock file", lambda: "another engramd owns it")
     try:
         with pytest.raises(OSError):
             fcntl.flock(os.open(path, os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)

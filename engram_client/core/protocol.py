@@ -16,21 +16,21 @@ payload]); replies mirror the framing they came with.  Events go out on a PUB
 socket whose endpoint the status reply names; polling ``status`` is always enough
 to learn readiness.
 
-This module must not import zmq's socket machinery or torch: the daemon, the CLI
-and the client all import it.
+This module is the one source of the operation names and the state names.  Where
+a daemon listens is endpoints.py's business.  This module must not import zmq's
+socket machinery or torch: the daemon, the CLI and the client all import it.
 """
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from typing import Any
 
 import msgpack
 
 from .errors import ProtocolError
 
-# 1.1 added the reload operation and generation fields; 1.2 lease secrets, clients_total
+# 1.1 added reload and generation fields; 1.2 the status hashing field, lease secrets,
+# clients_total and the per-peer bounds
 PROTOCOL_VERSION = (1, 2)
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
@@ -41,6 +41,9 @@ MAX_REQUEST_BYTES = 64 * 1024
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 _VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})")
 OPERATIONS = ("attach", "heartbeat", "detach", "status", "stop", "reload")
+# The daemon's states as status replies and state events name them (docs/protocol.md).
+LOADING, READY, FAILED, STOPPING = "loading", "ready", "failed", "stopping"
+STATES = (LOADING, READY, FAILED, STOPPING)
 
 
 def pack(message: dict[str, Any]) -> bytes:
@@ -104,30 +107,3 @@ def error_reply(request_id: Any, code: str, name: str, message: str) -> dict[str
 
 def state_event(state: str, generation: int, boot_id: str) -> dict[str, Any]:
     return {"v": VERSION_STRING, "event": "state", "state": state, "generation": generation, "boot_id": boot_id}
-
-
-def default_endpoint() -> str:
-    """$ENGRAMD_SOCKET, else an ipc:// path in a per-user directory (created 0700)."""
-    explicit = os.environ.get("ENGRAMD_SOCKET")
-    if explicit:
-        return explicit
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
-    base = os.path.join(runtime_dir, "engramd") if runtime_dir else os.path.join(
-        tempfile.gettempdir(), f"engramd-{os.getuid()}")
-    return "ipc://" + os.path.join(base, "engramd.sock")
-
-
-def ipc_path(endpoint: str) -> str | None:
-    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
-
-
-def pub_endpoint_for(endpoint: str) -> str:
-    """The PUB endpoint that goes with a request endpoint: '<path>.events' for ipc."""
-    path = ipc_path(endpoint)
-    if path is not None:
-        return f"ipc://{path}.events"
-    if endpoint.startswith("tcp://"):
-        host, _, port = endpoint[len("tcp://"):].rpartition(":")
-        if port.isdigit():
-            return f"tcp://{host}:{int(port) + 1}"
-    raise ProtocolError(f"cannot derive an events endpoint from {endpoint!r}; pass one explicitly")

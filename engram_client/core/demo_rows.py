@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import EngramConfig
+from .layout import QUANT_BLOCK, EngramConfig, packed_row_bytes
 
 DEMO_VOCAB_SIZE = 2000
 
@@ -28,8 +28,10 @@ def demo_config(vocab_size: int = DEMO_VOCAB_SIZE, layer_ids=(1, 14), max_ngram:
 
 def demo_vocab_for_table_bytes(target_bytes: int) -> int:
     """The demo vocab size whose table is about ``target_bytes``: each head has about vocab rows,
-    and demo_config's table is two layers of 3 orders x 8 heads of 264-byte rows."""
-    return max(1000, target_bytes // (2 * 24 * 264))
+    and demo_config's table has layers x orders x heads of them, each row packed."""
+    shape = demo_config(vocab_size=1)
+    heads = len(shape.layer_ids) * (shape.max_ngram - 1) * shape.n_heads
+    return max(1000, target_bytes // (heads * packed_row_bytes(shape.head_dim)))
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -50,5 +52,5 @@ def demo_rows(seed: int, layer: int, rows: np.ndarray, head_dim: int) -> tuple[n
     weight = np.ascontiguousarray(raw[:, :head_dim])
     # 0x7F / 0xFF are E4M3 NaN; the demo keeps every value finite.
     weight[(weight & 0x7F) == 0x7F] ^= 0x01
-    scale = (120 + raw[:, head_dim:head_dim + head_dim // 32] % 12).astype(np.uint8)
+    scale = (120 + raw[:, head_dim:head_dim + head_dim // QUANT_BLOCK] % 12).astype(np.uint8)
     return weight, scale

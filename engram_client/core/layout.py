@@ -27,6 +27,14 @@ CONFIG_FIELDS = ("engram_layer_ids", "engram_num_embeddings", "engram_max_ngram_
                  "engram_n_heads", "engram_head_dim", "engram_vocab_size")
 
 
+def packed_row_bytes(head_dim: int) -> int:
+    """Bytes of one packed table row: ``head_dim`` FP8-E4M3 values, then their UE8M0 scales.
+
+    The one definition of the row the table file, the loader and the kernels share
+    (V4.1: 256 + 8 = 264 bytes)."""
+    return head_dim + head_dim // QUANT_BLOCK
+
+
 def is_prime(n: int) -> bool:
     """Deterministic Miller-Rabin for n < 3.3e24 (the first 13 prime bases)."""
     if n < 2:
@@ -61,6 +69,10 @@ class EngramConfig:
     head_dim: int
     vocab_sizes: tuple[int, ...]  # one per n-gram order 2..max_ngram
     source: str = "<config>"
+    # Optional: the hash's compressed vocabulary (checked against the tokenizer) and the pad
+    # token id before its compression (V4.1: 99,092 and 2).
+    compressed_vocab_size: int | None = None
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
         where = self.source
@@ -94,6 +106,10 @@ class EngramConfig:
             raise LayoutError(f"{where}: engram_vocab_size {list(self.vocab_sizes)} has a size below 1")
         if len(self.num_embeddings) != len(self.layer_ids):
             raise LayoutError(f"{where}: engram_num_embeddings has {len(self.num_embeddings)} entries for {len(self.layer_ids)} layers")
+        for name, value in (("engram_compressed_vocab_size", self.compressed_vocab_size),
+                            ("engram_pad_token_id", self.pad_token_id)):
+            if value is not None and not 0 <= value <= MAX_VOCAB:
+                raise LayoutError(f"{where}: {name} is {value}, outside [0, {MAX_VOCAB}]")
 
     @property
     def scale_cols(self) -> int:
@@ -126,10 +142,14 @@ class EngramConfig:
         vocab = fields["engram_vocab_size"]
         vocab_sizes = integers("engram_vocab_size", vocab) if isinstance(vocab, list) else \
             (integer("engram_vocab_size", vocab),) * min(max(max_ngram - 1, 0), MAX_NGRAM)  # checked in __post_init__
+        optional = {name: None if fields.get(name) is None else integer(name, fields[name])
+                    for name in ("engram_compressed_vocab_size", "engram_pad_token_id")}
         return cls(layer_ids=layer_ids, num_embeddings=num_embeddings, max_ngram=max_ngram,
                    n_heads=integer("engram_n_heads", fields["engram_n_heads"]),
                    head_dim=integer("engram_head_dim", fields["engram_head_dim"]),
-                   vocab_sizes=vocab_sizes, source=source)
+                   vocab_sizes=vocab_sizes, source=source,
+                   compressed_vocab_size=optional["engram_compressed_vocab_size"],
+                   pad_token_id=optional["engram_pad_token_id"])
 
     @classmethod
     def from_file(cls, path: str) -> "EngramConfig":
@@ -170,7 +190,7 @@ class LayerLayout:
     @property
     def row_bytes(self) -> int:
         """Bytes of one packed row: FP8 values, then their UE8M0 scales."""
-        return self.head_dim + self.scale_cols
+        return packed_row_bytes(self.head_dim)
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "rows": self.rows, "head_dim": self.head_dim,

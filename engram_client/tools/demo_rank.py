@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
-from engram_client.demo_rows import demo_rows
+from engram_client.core.demo_rows import demo_rows
 from engram_client.reference import reference_bf16_bits, same_bf16
+
+from .demo_tokens import check_tokens
 
 HOLD_TIMEOUT_S = 120.0
 
@@ -32,8 +34,10 @@ def check(table, out: torch.Tensor, ids: np.ndarray, seed: int) -> int:
 def run(args) -> dict:
     rng = np.random.default_rng(1000 + args.rank)
     report = {"rank": args.rank, "device": args.device, "lookups": 0, "rows_checked": 0, "mismatches": 0}
+    attach_started = time.perf_counter()
     with EngramClient(endpoint=args.socket, device=args.device, timeout=60.0, rank=args.rank) as client:
-        report.update(client_id=client.client_id, pid=os.getpid())
+        report.update(client_id=client.client_id, pid=os.getpid(),
+                      attach_seconds=round(time.perf_counter() - attach_started, 3))
         started = time.perf_counter()
         for i in range(args.lookups):
             layer = client.layers[i % len(client.layers)]
@@ -44,6 +48,9 @@ def run(args) -> dict:
             report["mismatches"] += check(table, out.reshape(-1, table.head_dim), ids.reshape(-1), args.seed)
             report["rows_checked"] += ids.size
             report["lookups"] += 1
+        checked, mismatches = check_tokens(client, rng, args.seed, check)  # tokens -> rows, every layer
+        report.update(token_rows_checked=checked, rows_checked=report["rows_checked"] + checked,
+                      mismatches=report["mismatches"] + mismatches)
         report["seconds"] = round(time.perf_counter() - started, 3)
         table = client.table(client.layers[0])
         try:

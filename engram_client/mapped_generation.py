@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import CudaRegistrationError, TableFileError
-from .layout import LayerLayout
+from .core.errors import CudaRegistrationError, TableFileError
+from .core.layout import LayerLayout
 from .mapping import ReadOnlyMapping
-from .table_file import read_header
+from .core.table_file import read_header
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -18,9 +18,10 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 @dataclass
 class LayerView:
     layout: LayerLayout
-    view: torch.Tensor  # uint8 bytes of rows [lo, hi)
+    view: torch.Tensor  # uint8 bytes of rows [lo, hi): the host mapping, or on CUDA its UVA view
     lo: int
     hi: int
+    host_view: torch.Tensor  # the same bytes in the host mapping (what the host gather reads)
 
 
 @dataclass
@@ -53,10 +54,9 @@ class MappedGeneration:
                 if not (0 <= lo < hi <= layout.rows):
                     raise ValueError(f"row_ranges[{layout.layer}] = ({lo}, {hi}) is not within [0, {layout.rows})")
                 start, nbytes = entry.offset + lo * layout.row_bytes, (hi - lo) * layout.row_bytes
-                view = mapped.mapping.tensor(start, nbytes)
-                if device.type == "cuda":
-                    view = mapped._register(view, start, nbytes, device)
-                mapped.layers[layout.layer] = LayerView(layout, view, lo, hi)
+                host_view = mapped.mapping.tensor(start, nbytes)
+                view = mapped._register(host_view, start, nbytes, device) if device.type == "cuda" else host_view
+                mapped.layers[layout.layer] = LayerView(layout, view, lo, hi, host_view)
         except BaseException:
             mapped.release()
             raise

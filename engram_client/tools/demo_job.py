@@ -16,9 +16,11 @@ import time
 import click
 
 from engram_client.connection import DaemonConnection
-from engram_client.errors import EngramError
-
-from .cli import _print_status
+from engram_client.core.errors import EngramError
+from engram_client.readiness import wait_ready
+from engram_client.tools.serve_process import launch_serve
+from engramd.sizes import human_bytes
+from engramd.status_text import print_status
 
 READY_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 300.0
@@ -36,20 +38,10 @@ def _devices(ranks: int | None, kind: str) -> list[str]:
 
 
 def _wait_ready(connection: DaemonConnection, daemon: subprocess.Popen) -> dict:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if daemon.poll() is not None:
-            raise click.ClickException(f"engramd exited with code {daemon.returncode} before its table was ready")
-        try:
-            status = connection.request("status", timeout=1.0)
-            if status["state"] == "ready":
-                return status
-            if status["state"] == "failed":
-                raise click.ClickException(f"engramd failed to load: {status['error']}")
-        except EngramError:
-            pass
-        time.sleep(0.1)
-    raise click.ClickException(f"engramd's demo table was not ready within {READY_TIMEOUT_S:.0f} s")
+    try:
+        return wait_ready(connection, READY_TIMEOUT_S, daemon=daemon)
+    except EngramError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int) -> int:
@@ -57,18 +49,19 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
     socket_dir = tempfile.mkdtemp(prefix="engramd-demo-")
     shm_dir = tempfile.mkdtemp(prefix="engramd-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     endpoint = f"ipc://{socket_dir}/engramd.sock"
-    daemon = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint,
-                               "--shm-dir", shm_dir, "--no-progress", "--log-level", "warning"])
+    spawned = time.monotonic()
+    daemon = launch_serve(endpoint, shm_dir, allow_disk=not os.path.isdir("/dev/shm"))  # no tmpfs: a temp dir
     connection = DaemonConnection(endpoint)
     procs: list[subprocess.Popen] = []
     failed = True
     try:
         status = _wait_ready(connection, daemon)
-        click.echo(f"engramd ready: demo table {status['table_bytes'] / 2**20:.1f} MiB in {shm_dir}, "
-                   f"layers {[layer['layer'] for layer in status['layers']]}")
+        click.echo(f"engramd ready: demo table {human_bytes(status['table_bytes'])} in {shm_dir}, "
+                   f"layers {[layer['layer'] for layer in status['layers']]}; started and loaded in "
+                   f"{time.monotonic() - spawned:.2f} s")
         for rank, device in enumerate(devices):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "engramd.demo_rank", "--socket", endpoint, "--rank", str(rank),
+                [sys.executable, "-m", "engram_client.tools.demo_rank", "--socket", endpoint, "--rank", str(rank),
                  "--device", device, "--lookups", str(lookups), "--ids", str(ids_per_lookup)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         reports = []
@@ -80,11 +73,12 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
             reports.append(json.loads(line))
         for report in reports:
             verdict = "OK" if report["mismatches"] == 0 and report["out_of_range_refused"] else "FAILED"
-            click.echo(f"rank {report['rank']} pid {report['pid']} on {report['device']}: {report['lookups']} lookups, "
+            click.echo(f"rank {report['rank']} pid {report['pid']} on {report['device']}: attached in "
+                       f"{report['attach_seconds']:.2f} s, {report['lookups']} lookups, "
                        f"{report['rows_checked']} rows bit-exact vs reference: {report['mismatches']} mismatches, "
                        f"out-of-range ids refused: {report['out_of_range_refused']}  [{verdict}]")
         click.echo("--- engramd status with the ranks attached ---")
-        _print_status(connection.request("status", timeout=5.0))
+        print_status(connection.request("status", timeout=5.0))
         for proc in procs:
             proc.stdin.close()  # release the ranks; they detach as they exit
         codes = [proc.wait(timeout=RANK_TIMEOUT_S) for proc in procs]

@@ -5,8 +5,11 @@
     offset 16         state  (0 writing, 1 complete)           u32 LE
     offset 20         reserved                                 u32
     offset 24         JSON length N                            u64 LE
-    offset 32         JSON (utf-8, N bytes): layers, fingerprint, checkpoint, generation
-    offset 2 MiB      layer 0 rows, then zero padding to a 2 MiB boundary
+    offset 32         JSON (utf-8, N bytes): layers, fingerprint, checkpoint, generation,
+                      hashing (null, or the token hash's facts: hashing_section.py)
+    offset 2 MiB      [format 2: only with hashing] token map, int32 LE per token id,
+                      then zero padding to a 2 MiB boundary
+    next 2 MiB        layer 0 rows, then zero padding to a 2 MiB boundary
     ...               layer 1 rows, ...
 
 Rows are *packed*: each row is its ``head_dim`` FP8-E4M3 bytes followed by its
@@ -22,7 +25,8 @@ final name only after the data is flushed and the state is set to 1: a client th
 finds a file by its final name, or is handed one by the daemon, only ever sees a
 complete table, and checks the state byte anyway.
 
-The format version moves apart from the packages and the wire protocol.
+The format version moves apart from the packages and the wire protocol.  Format 2
+added the hashing section; a reader of format 1 refuses a format-2 file by its major.
 """
 from __future__ import annotations
 
@@ -34,10 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import TableFileError
+from .hashing_section import HashingSection
 from .layout import LayerLayout
 
 MAGIC = b"ENGRAMTB"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (2, 0)  # 2.0: the hashing section and its token map
 STATE_WRITING, STATE_COMPLETE = 0, 1
 STATE_OFFSET = 16
 ALIGN = 2 * 1024 * 1024
@@ -66,14 +71,19 @@ class TableHeader:
     checkpoint: str
     generation: int
     total_bytes: int
+    hashing: HashingSection | None = None
 
     @classmethod
-    def plan(cls, layouts: list[LayerLayout], fingerprint: str, checkpoint: str, generation: int) -> "TableHeader":
+    def plan(cls, layouts: list[LayerLayout], fingerprint: str, checkpoint: str, generation: int,
+             hashing: HashingSection | None = None) -> "TableHeader":
         offset, layers = HEADER_BYTES, []
+        if hashing is not None:
+            hashing = hashing.placed(offset)
+            offset = align_up(offset + hashing.map_bytes)
         for layout in layouts:
             layers.append(TableLayer(layout, offset))
             offset = align_up(offset + layout.rows * layout.row_bytes)
-        return cls(tuple(layers), fingerprint, checkpoint, generation, offset)
+        return cls(tuple(layers), fingerprint, checkpoint, generation, offset, hashing)
 
     def layer(self, layer_id: int) -> TableLayer:
         for entry in self.layers:
@@ -84,7 +94,8 @@ class TableHeader:
     def to_json(self) -> dict[str, Any]:
         return {"layers": [dict(entry.layout.to_dict(), offset=entry.offset) for entry in self.layers],
                 "fingerprint": self.fingerprint, "checkpoint": self.checkpoint,
-                "generation": self.generation, "total_bytes": self.total_bytes}
+                "generation": self.generation, "total_bytes": self.total_bytes,
+                "hashing": self.hashing.to_json() if self.hashing is not None else None}
 
     def encode(self, state: int) -> bytes:
         body = json.dumps(self.to_json(), sort_keys=True).encode()
@@ -101,16 +112,23 @@ class TableHeader:
         if magic != MAGIC:
             raise TableFileError(f"{where}: not an engram table (magic {magic!r})")
         if major != FORMAT_VERSION[0]:
-            raise TableFileError(f"{where}: table format {major}.x, this code reads {FORMAT_VERSION[0]}.x")
+            raise TableFileError(f"{where}: table format {major}.x, but this engram_client reads only format "
+                                 f"{FORMAT_VERSION[0]}.x; use the engram_client release that matches the engramd "
+                                 "that wrote the table")
         if _FIXED.size + length > min(len(blob), HEADER_BYTES):
             raise TableFileError(f"{where}: header JSON length {length} overruns the header")
         try:
             raw = json.loads(blob[_FIXED.size:_FIXED.size + length])
             layers = tuple(TableLayer(LayerLayout.from_dict(entry), int(entry["offset"])) for entry in raw["layers"])
             header = cls(layers, str(raw["fingerprint"]), str(raw["checkpoint"]), int(raw["generation"]),
-                         int(raw["total_bytes"]))
+                         int(raw["total_bytes"]), HashingSection.from_json(raw.get("hashing"), where))
         except (ValueError, KeyError, TypeError) as exc:
             raise TableFileError(f"{where}: damaged header JSON: {exc}") from exc
+        hashing = header.hashing
+        if hashing is not None and (hashing.map_offset < HEADER_BYTES or
+                                    hashing.map_offset + hashing.map_bytes > header.total_bytes):
+            raise TableFileError(f"{where}: token map at offset {hashing.map_offset} does not fit a "
+                                 f"{header.total_bytes}-byte table")
         for entry in header.layers:
             if entry.offset % ALIGN or entry.offset < HEADER_BYTES or entry.offset + entry.nbytes > header.total_bytes:
                 raise TableFileError(f"{where}: layer {entry.layout.layer} at offset {entry.offset} "

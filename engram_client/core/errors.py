@@ -5,6 +5,7 @@
     ├── LayoutError                  config and tensors disagree, or a config is unusable
     ├── TableFileError               a table file that is not complete, not ours, or damaged
     ├── ShmSpaceError                not enough room in the shm dir to reserve the table
+    ├── ConfigError                  a daemon setting that cannot work (names the option)
     ├── ProtocolError                a message that does not follow docs/protocol.md
     ├── RequestError                 the daemon answered a request with an error reply
     │   ├── NotReadyError            no table is ready yet (state loading / failed)
@@ -14,7 +15,10 @@
     ├── NotAttachedError             the client is closed or was never attached
     ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
     ├── NotCapturableError           a lookup started while a CUDA graph is being captured
-    └── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    ├── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
+    ├── UnknownLayerError            ``client.table(layer)`` for a layer the table lacks, or not an int
+    ├── TokenIdsError                token ids the hasher cannot hash (dtype, shape, range)
+    └── HasherUnavailableError       the served table has no token map to hash with
 
 Each side maps lower-layer exceptions to these in one place and chains them with
 ``raise ... from exc``.  Error replies carry ``name`` so the client can raise the
@@ -45,6 +49,10 @@ class ShmSpaceError(EngramError):
     code = "shm_space"
 
 
+class ConfigError(EngramError):
+    code = "bad_config"
+
+
 class ProtocolError(EngramError):
     code = "bad_request"
 
@@ -54,7 +62,7 @@ class RequestError(EngramError):
 
     code = "request_failed"
 
-    def __init__(self, message: str, code: str | None = None, name: str | None = None):
+    def __init__(self, message: str, code: str | None = None, name: str | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
@@ -91,6 +99,23 @@ class NotCapturableError(EngramError):
 
 class IdsOutOfRangeError(EngramError, IndexError):
     code = "ids_out_of_range"
+
+
+class UnknownLayerError(EngramError, KeyError):
+    """Also a KeyError, as a missing key of ``client.table`` is; its message reads plainly."""
+
+    code = "unknown_layer"
+
+    def __str__(self) -> str:  # KeyError would quote the message as if it were the key
+        return str(self.args[0]) if self.args else ""
+
+
+class TokenIdsError(EngramError, ValueError):
+    code = "bad_token_ids"
+
+
+class HasherUnavailableError(EngramError):
+    code = "hasher_unavailable"
 
 
 # Error replies name the class; the client turns the name back into the class.

@@ -1,0 +1,240 @@
+/* Gather jobs and the worker pool that runs them (included by _host_gather.c).
+ *
+ * A job copies rows ids[i] of the mapped table into staging row i, in blocks of block_rows taken
+ * from an atomic counter by the pool's workers and by the thread that waits for the job.  Blocks
+ * are grouped in chunks so that a waiter can hand out the first chunk while later ones are still
+ * being gathered.  A pool lists the jobs that still have blocks; idle workers spin briefly on that
+ * list, then sleep on a condition variable.
+ */
+typedef struct Pool Pool;
+typedef struct Job {
+    const uint8_t *table;          /* rows [row_lo, row_hi), row_bytes each; NULL: disarmed, zero-fill */
+    int64_t row_lo, row_hi, row_bytes;
+    const void *ids;
+    int ids64;
+    int64_t n, block_rows, nblocks, chunk_blocks, nchunks;
+    uint8_t *staging;
+    int64_t *bad_total;            /* caller-owned counter, added to atomically; may be NULL */
+    atomic_llong next_block, bad;
+    atomic_llong chunk_done[MAX_CHUNKS];
+    atomic_int users;              /* workers currently taking blocks of this job */
+    int listed;
+    struct Job *next;
+    Pool *pool;
+} Job;
+
+struct Pool {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    Job *head;
+    atomic_int listed_jobs, stop;
+    atomic_llong spin_until;       /* workers poll, awake, until then (pool_prewake) */
+    int sleepers, nthreads, started;
+    long generation;               /* fork_generation when the workers started */
+    pid_t pid;
+    atomic_int refs;               /* the Python object and every StagedJob */
+    atomic_llong jobs_run;
+    pthread_t *threads;
+};
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void pool_unref(Pool *pool) {
+    if (atomic_fetch_sub(&pool->refs, 1) == 1) {
+        free(pool->threads);
+        free(pool);
+    }
+}
+
+static inline int64_t id_at(const Job *job, int64_t i) {
+    return job->ids64 ? ((const int64_t *)job->ids)[i] : (int64_t)((const int32_t *)job->ids)[i];
+}
+
+static inline void prefetch_row(const Job *job, int64_t i) {
+    int64_t id = id_at(job, i);
+    if (id < job->row_lo || id >= job->row_hi) return;
+    const uint8_t *src = job->table + (id - job->row_lo) * job->row_bytes;
+    for (int64_t off = 0; off < job->row_bytes; off += 64) __builtin_prefetch(src + off, 0, 0);
+    __builtin_prefetch(src + job->row_bytes - 1, 0, 0);
+}
+
+static void gather_block(Job *job, int64_t block) {
+    int64_t lo = block * job->block_rows, hi = lo + job->block_rows;
+    if (hi > job->n) hi = job->n;
+    const int64_t rb = job->row_bytes;
+    int64_t bad = 0;
+    if (job->table == NULL) {      /* a disarmed job (its client is gone): never read, all rows zero */
+        memset(job->staging + lo * rb, 0, (size_t)((hi - lo) * rb));
+        bad = hi - lo;
+    } else {
+        for (int64_t i = lo; i < hi && i < lo + PREFETCH_ROWS; i++) prefetch_row(job, i);
+        for (int64_t i = lo; i < hi; i++) {
+            if (i + PREFETCH_ROWS < hi) prefetch_row(job, i + PREFETCH_ROWS);
+            int64_t id = id_at(job, i);
+            uint8_t *dst = job->staging + i * rb;
+            if (id < job->row_lo || id >= job->row_hi) {
+                memset(dst, 0, (size_t)rb);
+                bad++;
+            } else if (rb == 264) {  /* the V4.1 row: a constant size lets the compiler inline the copy */
+                memcpy(dst, job->table + (id - job->row_lo) * 264, 264);
+            } else {
+                memcpy(dst, job->table + (id - job->row_lo) * rb, (size_t)rb);
+            }
+        }
+    }
+    if (bad) {
+        atomic_fetch_add(&job->bad, bad);
+        if (job->bad_total) __atomic_fetch_add(job->bad_total, bad, __ATOMIC_RELAXED);
+    }
+    atomic_fetch_add_explicit(&job->chunk_done[block / job->chunk_blocks], 1, memory_order_release);
+}
+
+static int take_block(Job *job) {
+    int64_t block = atomic_fetch_add(&job->next_block, 1);
+    if (block >= job->nblocks) return 0;
+    gather_block(job, block);
+    return 1;
+}
+
+/* The first listed job with blocks left; exhausted jobs are unlisted on the way.  Lock held. */
+static Job *job_with_work(Pool *pool) {
+    Job **link = &pool->head;
+    while (*link) {
+        Job *job = *link;
+        if (atomic_load(&job->next_block) < job->nblocks) return job;
+        *link = job->next;
+        job->listed = 0;
+        atomic_fetch_sub(&pool->listed_jobs, 1);
+    }
+    return NULL;
+}
+
+/* Workers poll the job list while a spin window is open (IDLE_SPIN_NS after their last job, or
+ * until pool->spin_until), then sleep on the condition variable: a futex wake-up costs tens of
+ * microseconds in a VM, as much as a decode-size gather. */
+static void *worker_main(void *arg) {
+    Pool *pool = arg;
+    int64_t idle_until = now_ns() + IDLE_SPIN_NS;
+    for (;;) {
+        while (!atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop)) {
+            int64_t now = now_ns();
+            if (now >= idle_until && now >= atomic_load(&pool->spin_until)) break;
+            for (int i = 0; i < 32; i++) cpu_relax();
+        }
+        pthread_mutex_lock(&pool->lock);
+        Job *job = NULL;
+        while (!atomic_load(&pool->stop) && !(job = job_with_work(pool))) {
+            int64_t now = now_ns();
+            if (now < idle_until || now < atomic_load(&pool->spin_until)) break;  /* keep polling, awake */
+            pool->sleepers++;
+            pthread_cond_wait(&pool->wake, &pool->lock);
+            pool->sleepers--;
+        }
+        if (atomic_load(&pool->stop)) {
+            pthread_mutex_unlock(&pool->lock);
+            return NULL;
+        }
+        if (job == NULL) {
+            pthread_mutex_unlock(&pool->lock);
+            continue;
+        }
+        atomic_fetch_add(&job->users, 1);
+        pthread_mutex_unlock(&pool->lock);
+        while (take_block(job)) {}
+        atomic_fetch_sub(&job->users, 1);
+        idle_until = now_ns() + IDLE_SPIN_NS;
+    }
+}
+
+/* A job is about to be enqueued: have the workers awake and polling when its host function runs. */
+static void pool_prewake(Pool *pool) {
+    atomic_store(&pool->spin_until, now_ns() + PREWAKE_NS);
+    pthread_mutex_lock(&pool->lock);
+    if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+}
+
+static int pool_usable(const Pool *pool) {
+    return pool->started && !atomic_load(&pool->stop) && pool->generation == atomic_load(&fork_generation);
+}
+
+/* Reset the job's progress and offer its blocks to the workers (if the pool still runs). */
+static void job_start(Job *job) {
+    atomic_store(&job->next_block, 0);
+    atomic_store(&job->bad, 0);
+    for (int c = 0; c < MAX_CHUNKS; c++) atomic_store(&job->chunk_done[c], 0);
+    atomic_store(&job->users, 0);
+    job->listed = 0;
+    Pool *pool = job->pool;
+    if (pool == NULL || !pool_usable(pool) || job->nblocks <= 1) return;
+    pthread_mutex_lock(&pool->lock);
+    job->next = pool->head;
+    pool->head = job;
+    job->listed = 1;
+    atomic_fetch_add(&pool->listed_jobs, 1);
+    if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+}
+
+static void pause_briefly(int *spins) {
+    if (++*spins < 2000) { cpu_relax(); return; }
+    struct timespec ts = {0, 2000};
+    nanosleep(&ts, NULL);
+}
+
+static int64_t chunk_blocks(const Job *job, int64_t chunk) {
+    int64_t end = (chunk + 1) * job->chunk_blocks;
+    return (end > job->nblocks ? job->nblocks : end) - chunk * job->chunk_blocks;
+}
+
+/* Gather alongside the workers until every block of `chunk` is in staging. */
+static void job_wait_chunk(Job *job, int64_t chunk) {
+    int64_t need = chunk_blocks(job, chunk);
+    int spins = 0;
+    while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need)
+        if (!take_block(job)) pause_briefly(&spins);
+}
+
+/* Wait for the whole job; afterwards no worker touches it, so it may be started again. */
+static void job_finish(Job *job) {
+    for (int64_t c = 0; c < job->nchunks; c++) job_wait_chunk(job, c);
+    Pool *pool = job->pool;
+    if (job->listed && pool != NULL) {
+        pthread_mutex_lock(&pool->lock);
+        for (Job **link = &pool->head; *link; link = &(*link)->next)
+            if (*link == job) {
+                *link = job->next;
+                atomic_fetch_sub(&pool->listed_jobs, 1);
+                break;
+            }
+        job->listed = 0;
+        pthread_mutex_unlock(&pool->lock);
+    }
+    int spins = 0;
+    while (atomic_load(&job->users)) pause_briefly(&spins);
+    if (pool) atomic_fetch_add(&pool->jobs_run, 1);
+}
+
+static void job_plan(Job *job, int64_t n, int64_t nchunks) {
+    job->n = n;
+    job->block_rows = n <= 16384 ? 32 : 128;  /* enough blocks to share at decode sizes, few atomics later */
+    job->nblocks = (n + job->block_rows - 1) / job->block_rows;
+    if (nchunks < 1) nchunks = 1;
+    if (nchunks > MAX_CHUNKS) nchunks = MAX_CHUNKS;
+    if (nchunks > job->nblocks) nchunks = job->nblocks ? job->nblocks : 1;
+    job->chunk_blocks = job->nblocks ? (job->nblocks + nchunks - 1) / nchunks : 1;
+    job->nchunks = job->nblocks ? (job->nblocks + job->chunk_blocks - 1) / job->chunk_blocks : 0;
+}
+

@@ -1,0 +1,274 @@
+/* StagedJob: one reusable lookup slot of the host-gather path (included by _host_gather.c).
+ *
+ * It owns pinned ids and staging buffers of `capacity` rows and two CUDA events, and enqueues a
+ * gather job on a CUDA stream (see the diagram at the top of _host_gather.c): `fork` orders the
+ * job after the caller's stream, `done` (recorded by finish(), after the dequant kernel) is what
+ * the caller's stream waits on (join) and what strict mode polls (query).  Doing these in C keeps
+ * torch's event objects off the per-call path.  The host functions receive pointers into
+ * the slot, so the slot must outlive every enqueued run: while a run is in flight, or once a graph
+ * captured it, dropping the object leaks the slot instead of freeing it.  disarm() (the client's
+ * close) makes any later run of a captured graph zero its rows and never read the table again.
+ */
+
+typedef struct StagedState StagedState;
+typedef struct {
+    StagedState *state;
+    int64_t chunk;
+} Step;
+
+struct StagedState {
+    Job job;
+    Step steps[MAX_CHUNKS];
+    atomic_int in_flight;          /* eager runs enqueued and not finished */
+    int graph;                     /* captured into a graph: may run again at any time */
+    int64_t capacity, row_bytes;
+    uint8_t *ids_buf, *staging;    /* pinned */
+    CUevent fork, done;
+};
+
+typedef struct {
+    PyObject_HEAD
+    StagedState *state;
+} StagedJobObject;
+
+enum { IDS_ON_HOST = 0, IDS_ON_DEVICE = 1, IDS_IN_PLACE = 2 };
+
+static void host_step(void *arg) {
+    Step *step = arg;
+    Job *job = &step->state->job;
+    if (step->chunk == 0) job_start(job);
+    job_wait_chunk(job, step->chunk);
+    if (step->chunk == job->nchunks - 1) {
+        job_finish(job);
+        if (!step->state->graph) atomic_fetch_sub(&step->state->in_flight, 1);
+    }
+}
+
+/* Allocate pinned memory, also while the caller's stream captures a graph (allowed in relaxed mode). */
+static void *pinned_alloc(size_t nbytes) {
+    void *ptr = NULL;
+    CUresult rc = cu.mem_host_alloc(&ptr, nbytes ? nbytes : 1, 0x1 /* CU_MEMHOSTALLOC_PORTABLE */);
+    if (cu_failed(rc, "cuMemHostAlloc of lookup staging")) return NULL;
+    return ptr;
+}
+
+static void staged_free(StagedState *state) {  /* may fail at exit once the context is gone: nothing to do */
+    if (state->ids_buf) cu.mem_free_host(state->ids_buf);
+    if (state->staging) cu.mem_free_host(state->staging);
+    if (state->fork) cu.event_destroy(state->fork);
+    if (state->done) cu.event_destroy(state->done);
+    free(state);
+}
+
+/* Buffers and events, allowed while the caller's stream captures a graph (in relaxed mode). */
+static int staged_alloc(StagedState *state) {
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    cu.exchange_capture_mode(&mode);
+    int ok = (state->ids_buf = pinned_alloc((size_t)state->capacity * 8)) &&
+             (state->staging = pinned_alloc((size_t)(state->capacity * state->row_bytes))) &&
+             !cu_failed(cu.event_create(&state->fork, 0x2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate") &&
+             !cu_failed(cu.event_create(&state->done, 0x2), "cuEventCreate");
+    cu.exchange_capture_mode(&mode);
+    return ok ? 0 : -1;
+}
+
+static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"pool", "capacity", "row_bytes", "graph", NULL};
+    PoolObject *pool;
+    long long capacity, row_bytes;
+    int graph = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LL|p", names, &PoolType, &pool, &capacity, &row_bytes, &graph))
+        return -1;
+    if (capacity < 1 || row_bytes < 1) {
+        PyErr_Format(PyExc_ValueError, "a staged job needs a positive capacity and row size, got %lld rows of %lld B",
+                     capacity, row_bytes);
+        return -1;
+    }
+    if (self->state || !pool->pool || check_pool(pool->pool) || load_cuda()) return -1;
+    StagedState *state = calloc(1, sizeof(StagedState));
+    if (!state) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    state->capacity = capacity, state->row_bytes = row_bytes, state->graph = graph;
+    if (staged_alloc(state)) {
+        staged_free(state);
+        return -1;
+    }
+    for (int c = 0; c < MAX_CHUNKS; c++) state->steps[c] = (Step){state, c};
+    state->job.pool = pool->pool;
+    atomic_fetch_add(&pool->pool->refs, 1);
+    self->state = state;
+    return 0;
+}
+
+static void staged_dealloc(StagedJobObject *self) {
+    StagedState *state = self->state;
+    if (state && !state->graph && atomic_load(&state->in_flight) == 0) {
+        pool_unref(state->job.pool);
+        staged_free(state);
+    }
+    self->state = NULL;
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Copy host ids into the pinned buffer, counting those outside [lo, hi) on the way (one pass). */
+static int64_t copy_and_count(void *dst, const void *src, int ids64, int64_t n, int64_t lo, int64_t hi) {
+    int64_t bad = 0;
+    if (ids64) {
+        const int64_t *in = src;
+        int64_t *out = dst;
+        for (int64_t i = 0; i < n; i++) {
+            out[i] = in[i];
+            bad += (in[i] < lo) | (in[i] >= hi);
+        }
+    } else {
+        const int32_t *in = src;
+        int32_t *out = dst;
+        for (int64_t i = 0; i < n; i++) {
+            out[i] = in[i];
+            bad += ((int64_t)in[i] < lo) | ((int64_t)in[i] >= hi);
+        }
+    }
+    return bad;
+}
+
+static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
+    unsigned long long caller, stream, table, ids, device_staging, counter;
+    long long row_lo, row_hi, n, nchunks;
+    int where, ids64;
+    if (!PyArg_ParseTuple(args, "KKKLLKipLKKL", &caller, &stream, &table, &row_lo, &row_hi, &ids, &where, &ids64,
+                          &n, &device_staging, &counter, &nchunks))
+        return NULL;
+    StagedState *state = self->state;
+    if (!state || check_pool(state->job.pool)) return NULL;
+    if (n < 1 || n > state->capacity || row_hi <= row_lo || where < IDS_ON_HOST || where > IDS_IN_PLACE) {
+        PyErr_Format(PyExc_ValueError, "cannot stage %lld ids (capacity %lld) from rows [%lld, %lld), ids at %d",
+                     n, state->capacity, row_lo, row_hi, where);
+        return NULL;
+    }
+    if (!state->graph && atomic_load(&state->in_flight)) {
+        PyErr_SetString(err_class(), "this staging slot is still in use by an earlier lookup");
+        return NULL;
+    }
+    CUstream s = (CUstream)(uintptr_t)stream;
+    CUcontext ctx = NULL;
+    if (cu_failed(cu.ctx_get_current(&ctx), "cuCtxGetCurrent")) return NULL;
+    if (ctx == NULL) {  /* a thread that never touched CUDA: use the stream's context */
+        if (cu_failed(cu.stream_get_ctx(s, &ctx), "cuStreamGetCtx") ||
+            cu_failed(cu.ctx_set_current(ctx), "cuCtxSetCurrent"))
+            return NULL;
+    }
+    Job *job = &state->job;
+    const size_t id_bytes = ids64 ? 8 : 4;
+    job->table = (const uint8_t *)(uintptr_t)table;
+    job->row_lo = row_lo, job->row_hi = row_hi, job->row_bytes = state->row_bytes;
+    job->ids64 = ids64;
+    job->staging = state->staging;
+    job->bad_total = (int64_t *)(uintptr_t)counter;
+    if (where == IDS_ON_HOST) {  /* checked here, so that a bad call raises at once and enqueues nothing */
+        int64_t bad = copy_and_count(state->ids_buf, (const void *)(uintptr_t)ids, ids64, n, row_lo, row_hi);
+        if (bad) return PyLong_FromLongLong(bad);
+    }
+    pool_prewake(state->job.pool);
+    if (cu_failed(cu.event_record(state->fork, (CUstream)(uintptr_t)caller), "cuEventRecord on the caller's stream") ||
+        cu_failed(cu.stream_wait_event(s, state->fork, 0), "cuStreamWaitEvent on the prefetch stream"))
+        return NULL;
+    if (where == IDS_ON_HOST) {
+        job->ids = state->ids_buf;
+    } else if (where == IDS_ON_DEVICE) {
+        if (cu_failed(cu.memcpy_dtoh(state->ids_buf, (CUdeviceptr)ids, (size_t)n * id_bytes, s),
+                      "copy of the ids to pinned memory (cuMemcpyDtoHAsync)"))
+            return NULL;
+        job->ids = state->ids_buf;
+    } else {
+        job->ids = (const void *)(uintptr_t)ids;  /* a graph's host input: read at every replay */
+    }
+    job_plan(job, n, nchunks);
+    if (!state->graph) atomic_fetch_add(&state->in_flight, 1);
+    const int64_t rb = state->row_bytes, chunk_rows = job->chunk_blocks * job->block_rows;
+    for (int64_t c = 0; c < job->nchunks; c++) {
+        int64_t r0 = c * chunk_rows, r1 = r0 + chunk_rows > n ? n : r0 + chunk_rows;
+        if (cu_failed(cu.launch_host_func(s, host_step, &state->steps[c]), "cuLaunchHostFunc of the row gather") ||
+            cu_failed(cu.memcpy_htod((CUdeviceptr)(device_staging + r0 * rb), state->staging + r0 * rb,
+                                     (size_t)((r1 - r0) * rb), s),
+                      "copy of the gathered rows to the GPU (cuMemcpyHtoDAsync)"))
+            return NULL;  /* in_flight stays raised: the slot is never reused or freed */
+    }
+    return PyLong_FromLong(0);
+}
+
+static PyObject *staged_finish(StagedJobObject *self, PyObject *arg) {
+    unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || !self->state) return NULL;
+    if (cu_failed(cu.event_record(self->state->done, (CUstream)(uintptr_t)stream), "cuEventRecord of a lookup's end"))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *staged_join(StagedJobObject *self, PyObject *arg) {
+    unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || !self->state) return NULL;
+    if (cu_failed(cu.stream_wait_event((CUstream)(uintptr_t)stream, self->state->done, 0),
+                  "cuStreamWaitEvent for a lookup's end"))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *staged_query(StagedJobObject *self, PyObject *unused) {
+    if (!self->state) Py_RETURN_TRUE;
+    CUresult rc = cu.event_query(self->state->done);
+    if (rc == 600 /* CUDA_ERROR_NOT_READY */) Py_RETURN_FALSE;
+    if (cu_failed(rc, "cuEventQuery of a lookup's end")) return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *staged_disarm(StagedJobObject *self, PyObject *unused) {
+    if (self->state) {
+        self->state->job.table = NULL;
+        self->state->job.bad_total = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *staged_get_capacity(StagedJobObject *self, void *unused) {
+    return PyLong_FromLongLong(self->state ? self->state->capacity : 0);
+}
+
+static PyObject *staged_get_in_flight(StagedJobObject *self, void *unused) {
+    return PyBool_FromLong(self->state && atomic_load(&self->state->in_flight) > 0);
+}
+
+static PyObject *staged_get_bad(StagedJobObject *self, void *unused) {
+    return PyLong_FromLongLong(self->state ? atomic_load(&self->state->job.bad) : 0);
+}
+
+static PyMethodDef staged_methods[] = {
+    {"enqueue", (PyCFunction)staged_enqueue, METH_VARARGS,
+     "enqueue(caller, stream, table, row_lo, row_hi, ids, where, ids64, n, device_staging, counter, chunks)\n"
+     "-> host ids out of range (then nothing was enqueued).  Orders the job after `caller`.\n"
+     "where: 0 ids on the host (copied now), 1 on the device, 2 host memory read at run time (graphs)."},
+    {"disarm", (PyCFunction)staged_disarm, METH_NOARGS, "Later runs zero their rows and never read the table."},
+    {"finish", (PyCFunction)staged_finish, METH_O, "finish(stream): record the end of the lookup on stream."},
+    {"join", (PyCFunction)staged_join, METH_O, "join(stream): make stream wait for the lookup's end."},
+    {"query", (PyCFunction)staged_query, METH_NOARGS, "Whether the lookup's end has been reached."},
+    {NULL}};
+
+static PyGetSetDef staged_getset[] = {
+    {"capacity", (getter)staged_get_capacity, NULL, "rows this slot can stage", NULL},
+    {"in_flight", (getter)staged_get_in_flight, NULL, "whether an enqueued run has not finished", NULL},
+    {"bad", (getter)staged_get_bad, NULL, "ids out of range in the last finished run", NULL},
+    {NULL}};
+
+static PyTypeObject StagedJobType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "engram_client._host_gather.StagedJob",
+    .tp_basicsize = sizeof(StagedJobObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "StagedJob(pool, capacity, row_bytes, graph=False): pinned staging for one lookup at a time",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)staged_init,
+    .tp_dealloc = (destructor)staged_dealloc,
+    .tp_methods = staged_methods,
+    .tp_getset = staged_getset,
+};

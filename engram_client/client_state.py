@@ -1,0 +1,133 @@
+"""The client's whole state, apart from the client object: lease, mapping, tables, hasher, heartbeat.
+
+EngramClient holds one ClientState and registers ``release`` as its finalizer, so the
+state must never refer back to the client: garbage collection of the client then
+still detaches, unregisters and unmaps.  The heartbeat thread runs ``heartbeat_loop``:
+it keeps the lease, re-attaches after a daemon restart, and flags a refresh when the
+daemon serves another generation than the one mapped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from .connection import DaemonConnection
+from .core.errors import EngramError, UnknownClientError
+from .fork_guard import release_in_forked_child
+from .hashing.hasher import UnavailableHasher
+from .mapped_generation import MappedGeneration
+from .table import EngramTable
+
+log = logging.getLogger("engram_client")
+
+
+class ClientState:
+    """Everything a client holds, apart from the client object, so a finalizer can release it."""
+
+    def __init__(self, connection: DaemonConnection):
+        self.connection = connection
+        self.mapped: MappedGeneration | None = None
+        self.tables: dict[int, EngramTable] = {}
+        self.stream = None
+        self.pool = None  # the gather threads of the host path and of CPU lookups
+        self.stop = threading.Event()
+        self.heartbeat_thread: threading.Thread | None = None
+        self.boot_id: str | None = None
+        self.lease_lost = False
+        self.refresh_pending = False  # the daemon serves another generation than the one mapped
+        self.attach_args: dict[str, Any] = {}
+        self.hasher: Any = UnavailableHasher("the client is not attached")
+        self.lock = threading.RLock()  # refresh vs heartbeat re-attach
+        self.owner_pid = os.getpid()  # a forked child releases differently (fork_guard)
+
+    @property
+    def client_id(self) -> str | None:
+        return self.mapped.lease_id if self.mapped is not None else None
+
+    def heartbeat_loop(self, interval: float) -> None:
+        while not self.stop.wait(interval):
+            try:
+                reply = self.connection.request("heartbeat", self.lease_args(), timeout=interval)
+                self.lease_lost = False
+            except UnknownClientError:
+                self._reattach()
+            except EngramError as exc:
+                if not self.lease_lost:
+                    log.warning("heartbeat to engramd failed: %s", exc)
+                self.lease_lost = True
+            else:
+                if reply.get("boot_id") != self.boot_id:
+                    self._reattach()
+                elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
+                    self.refresh_pending = True
+
+    def _reattach(self) -> None:
+        """The daemon does not know our lease (it expired, or a new daemon runs): attach again.
+        The new lease is on whatever the daemon serves now; if that is not the table we map,
+        we keep serving from ours and flag a refresh."""
+        with self.lock:
+            try:
+                reply = self.connection.request("attach", self.attach_args, timeout=2.0)
+            except EngramError as exc:
+                self.lease_lost = True
+                log.warning("could not re-attach to engramd: %s", exc)
+                return
+            mapped = self.mapped
+            self.boot_id, self.lease_lost = reply["boot_id"], False
+            if mapped is None:
+                return
+            mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")
+            if (reply["table_path"], reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or \
+                    not same_file(reply["table_path"], mapped):
+                self.refresh_pending = True
+            else:
+                mapped.generation = reply["generation"]
+            log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
+                     "; a refresh is pending" if self.refresh_pending else "")
+
+    def lease_args(self) -> dict[str, str | None]:
+        """The lease's id and the secret that proves it is ours (protocol 1.2)."""
+        mapped = self.mapped
+        return {"client_id": mapped.lease_id, "secret": mapped.lease_secret} if mapped is not None else \
+            {"client_id": None}
+
+    def detach_quietly(self, lease_id: str, secret: str) -> None:
+        """Release a lease; if the daemon is gone or already dropped it, it expires by itself."""
+        try:
+            self.connection.request("detach", {"client_id": lease_id, "secret": secret}, timeout=1.0)
+        except EngramError:
+            pass
+
+    def release(self) -> None:
+        if release_in_forked_child(self):
+            return
+        self.stop.set()
+        if self.heartbeat_thread is not None and self.heartbeat_thread is not threading.current_thread():
+            self.heartbeat_thread.join(timeout=5.0)
+        with self.lock:
+            if self.mapped is not None:
+                self.detach_quietly(self.mapped.lease_id, self.mapped.lease_secret)
+                if self.stream is not None:
+                    self.stream.synchronize()
+                for table in self.tables.values():
+                    # a table kept past close must not read unmapped rows: it raises NotAttachedError
+                    table._retire("the client this table belongs to is closed; make a new EngramClient")
+                self.tables.clear()
+                self.mapped.release()
+                self.mapped = None
+            if self.pool is not None:
+                self.pool.close()
+            self.hasher = UnavailableHasher("the client is closed")
+            self.connection.close()
+
+
+def same_file(path: str, mapped: MappedGeneration) -> bool:
+    """Whether ``path`` is still the file we mapped (a restarted daemon may reuse the name)."""
+    if mapped.mapping is None:
+        return False
+    try:
+        return os.stat(path).st_ino == mapped.mapping.inode
+    except OSError:
+        return False

@@ -1,0 +1,38 @@
+"""Where a daemon listens: the default request endpoint, ipc paths, and the events endpoint beside it.
+
+Both the daemon (to bind) and the client and CLI (to connect) derive endpoints here,
+so the two sides agree without configuration.  No sockets are opened here.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from .errors import ProtocolError
+
+
+def default_endpoint() -> str:
+    """$ENGRAMD_SOCKET, else an ipc:// path in a per-user directory (created 0700)."""
+    explicit = os.environ.get("ENGRAMD_SOCKET")
+    if explicit:
+        return explicit
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    base = os.path.join(runtime_dir, "engramd") if runtime_dir else os.path.join(
+        tempfile.gettempdir(), f"engramd-{os.getuid()}")
+    return "ipc://" + os.path.join(base, "engramd.sock")
+
+
+def ipc_path(endpoint: str) -> str | None:
+    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+
+
+def pub_endpoint_for(endpoint: str) -> str:
+    """The PUB endpoint that goes with a request endpoint: '<path>.events' for ipc."""
+    path = ipc_path(endpoint)
+    if path is not None:
+        return f"ipc://{path}.events"
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        if port.isdigit():
+            return f"tcp://{host}:{int(port) + 1}"
+    raise ProtocolError(f"cannot derive an events endpoint from {endpoint!r}; pass one explicitly")

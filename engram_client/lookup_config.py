@@ -1,0 +1,106 @@
+"""LookupConfig: every option of a client's lookups, validated once, shared by every layer table.
+
+EngramClient builds one from its arguments; each EngramTable holds it, passes it to the
+launchers (the UVA kernels, the host gather) and keeps it across ``refresh()``; the hot-row
+cache fetches its rows through the launcher with it.  Frozen: a table that wants other
+options gets a new config (``dataclasses.replace``), never a mutated one.
+
+Which path serves a call (``path="auto"``) is decided here too, by ``choose_path``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+PATHS = ("auto", "host", "uva")
+STRATEGIES = ("auto", "dedup", "direct")
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+MAX_GATHER_THREADS = 16
+
+# How "auto" chooses, per call: the host path unless the UVA kernel is clearly faster.  The
+# figures are the H200 machine's (docs/BENCHMARKS.md, 4 KiB host pages, fresh uniform ids): one
+# gather thread copies ~7 M random rows/s (393,216 rows: 6.8 ms on 8 threads, 4.0 ms on 16), and
+# a call costs ~100 us more (enqueueing, host function, last copy, dequant); the UVA kernel reads
+# ~47 M rows/s at prefill sizes after ~300 us at decode size, and holds SMs all the while, so it
+# must win by UVA_MARGIN to be chosen.  With the default pool (up to 16 threads) that never
+# happens on that machine; with one or two threads it does from a few thousand ids up.
+HOST_ROWS_PER_S_PER_THREAD = 7e6
+HOST_FIXED_S = 100e-6
+UVA_ROWS_PER_S = 47e6
+UVA_FIXED_S = 300e-6
+UVA_MARGIN = 2.0
+
+
+def default_gather_threads(device: torch.device | str = "cpu") -> int:
+    """This rank's share of the cores it may use (one rank per GPU), less one for the engine's
+    own thread, at most 16.
+
+    Gathers are latency-bound: more threads keep more rows in flight (on the H200 machine a
+    393,216-row gather took 6.8 ms on 8 threads, 4.0 ms on 16), but a pool larger than the
+    cores a rank really has stalls everyone (docs/BENCHMARKS.md)."""
+    cpus = len(os.sched_getaffinity(0))
+    gpus = torch.cuda.device_count() if torch.device(device).type == "cuda" else 1
+    return max(1, min(MAX_GATHER_THREADS, cpus // max(1, gpus) - 1))
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    out_dtype: torch.dtype = torch.bfloat16
+    # "host": CPU threads gather rows into pinned staging, the copy engine moves them, a small
+    # kernel dequantizes them in HBM (no SM waits on PCIe; capturable in CUDA graphs).
+    # "uva": the Triton kernel reads rows over PCIe itself.  "auto": choose_path, per call.
+    path: str = "auto"
+    # UVA path only.  "dedup": sort the ids, fetch each distinct row once in address order;
+    # "direct": fetch every id as given; "auto": dedup from DEDUP_MIN_ROWS ids up (uva_lookup.py).
+    strategy: str = "auto"
+    # UVA path: cap on the kernels' programs, so a prefetch leaves most SMs to the model; None:
+    # one program per block of ids.  Ids per block and warps per program (benchmarks/lookup_grid.py).
+    max_programs: int | None = None
+    block_rows: int = 16
+    num_warps: int = 4
+    wait_timeout: float = 60.0  # seconds any wait on a lookup may block
+    # Out-of-range ids zero their rows and raise at the next call once their lookup finished;
+    # strict: wait() synchronizes and raises for its own lookup (docs/integration.md).
+    strict_ids: bool = False
+    gather_threads: int = 1  # the host path's pool, the calling thread included
+    hot_cache_bytes: int = 0  # GPU memory for the hot-row cache (UVA path), 0: none
+    hot_cache_refresh_every: int = 16
+    _uva_from: float = field(default=float("inf"), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.out_dtype not in OUT_DTYPES:
+            raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {self.out_dtype}")
+        if self.path not in PATHS:
+            raise ValueError(f"lookup_path must be one of {', '.join(PATHS)}, got {self.path!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"lookup strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.max_programs is not None and (not isinstance(self.max_programs, int) or self.max_programs < 1):
+            raise ValueError(f"max_programs must be a positive int or None, got {self.max_programs!r}")
+        for name in ("block_rows", "num_warps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value!r}")
+        if not self.wait_timeout > 0:
+            raise ValueError(f"lookup_timeout must be positive seconds, got {self.wait_timeout!r}")
+        if not isinstance(self.gather_threads, int) or not 1 <= self.gather_threads <= 1024:
+            raise ValueError(f"gather_threads must be an int from 1 to 1024, got {self.gather_threads!r}")
+        if not isinstance(self.hot_cache_bytes, int) or self.hot_cache_bytes < 0:
+            raise ValueError(f"hot_cache_bytes must be a non-negative int, got {self.hot_cache_bytes!r}")
+        if not isinstance(self.hot_cache_refresh_every, int) or self.hot_cache_refresh_every < 1:
+            raise ValueError(f"hot_cache_refresh_every must be a positive int, got {self.hot_cache_refresh_every!r}")
+        if self.hot_cache_bytes and self.path == "host":
+            raise ValueError("the hot-row cache serves the UVA kernel: it needs lookup_path 'uva' or 'auto'")
+        # Solve HOST_FIXED_S + n / host_rate > UVA_MARGIN * (UVA_FIXED_S + n / UVA_ROWS_PER_S) for n once.
+        slope = 1 / (HOST_ROWS_PER_S_PER_THREAD * self.gather_threads) - UVA_MARGIN / UVA_ROWS_PER_S
+        if slope > 0:
+            object.__setattr__(self, "_uva_from", (UVA_MARGIN * UVA_FIXED_S - HOST_FIXED_S) / slope)
+
+    def choose_path(self, ids: int) -> str:
+        """"host" or "uva" for a call of ``ids`` ids (see the figures above)."""
+        if self.path != "auto":
+            return self.path
+        if self.hot_cache_bytes:
+            return "uva"  # the cache lives in the UVA kernel
+        return "uva" if ids > self._uva_from else "host"

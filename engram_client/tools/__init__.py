@@ -1,0 +1,4 @@
+"""Rank-side tools the CLI runs on request: the demo job, its ranks, and the lookup benchmark.
+
+They need torch (the ``client`` extra); the CLI imports them lazily so the daemon does not.
+"""

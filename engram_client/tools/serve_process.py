@@ -1,0 +1,24 @@
+"""Starting ``engramd serve`` as a child process: the one launcher the demo, the benchmarks and the tests use.
+
+Torch-free; the caller owns the process and must stop it (``stop`` request, then wait).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import IO
+
+
+def serve_command(endpoint: str, shm_dir: str, *extra: str, log_level: str = "warning",
+                  allow_disk: bool = False) -> list[str]:
+    """The argv of ``engramd serve`` on ``endpoint`` with its table files in ``shm_dir``
+    (``allow_disk``: a temporary directory where the machine has no /dev/shm)."""
+    return [sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
+            "--no-progress", "--log-level", log_level, *(["--allow-disk"] if allow_disk else []), *extra]
+
+
+def launch_serve(endpoint: str, shm_dir: str, *extra: str, log_level: str = "warning", allow_disk: bool = False,
+                 output: IO | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start the daemon; its stdout and stderr go to ``output`` (default: inherited)."""
+    return subprocess.Popen(serve_command(endpoint, shm_dir, *extra, log_level=log_level, allow_disk=allow_disk),
+                            stdout=output, stderr=subprocess.STDOUT if output is not None else None, env=env)

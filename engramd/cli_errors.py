@@ -1,0 +1,81 @@
+"""The one place where the command line turns an exception into an ``error:`` line and an exit code.
+
+Every command runs inside :class:`MappedGroup`, so whatever a command lets escape ends
+the same way: one ``error:`` line on stderr naming what is wrong and where, never a
+traceback.
+
+    DaemonUnavailableError (and DaemonAbsentError)   exit 3: nothing answers at the endpoint
+    EngramError                                      exit 1: its message as written
+    OSError                                          exit 1: the path and the system's reason
+
+A closed stdout (``| head``) ends the command quietly with 141.  Click's own usage
+errors, ``sys.exit`` and Ctrl-C pass through untouched.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from engram_client.core.errors import DaemonUnavailableError, EngramError
+
+EXIT_FAILED, EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 1, 3
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
+
+
+class CommandFailed(click.ClickException):
+    """A command's failure, shown as one ``error:`` line with its own exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def fail(message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
+    raise CommandFailed(message, exit_code)
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``PATH: reason`` with a hint for the reasons an operator can act on."""
+    reason = exc.strerror or str(exc)
+    hint = {errno.EROFS: " (the file system is mounted read-only)",
+            errno.EACCES: " (this user may not write or read there)",
+            errno.EPERM: " (this user may not do that there)",
+            errno.ENOSPC: " (the file system is full)"}.get(exc.errno or 0, "")
+    if exc.filename is None:
+        return reason + hint
+    where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+    return f"{where}: {reason}{hint}"
+
+
+def _quiet_after_broken_pipe() -> NoReturn:
+    """The reader went away (``engramd status | head -3``): stop quietly, as other tools do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush finds nowhere to fail
+    raise click.exceptions.Exit(EXIT_BROKEN_PIPE)
+
+
+def exit_code_for(exc: EngramError) -> int:
+    return EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else EXIT_FAILED
+
+
+class MappedGroup(click.Group):
+    """A click group whose commands' escaping exceptions become :class:`CommandFailed`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except BrokenPipeError:
+            _quiet_after_broken_pipe()
+        except EngramError as exc:
+            raise CommandFailed(str(exc), exit_code_for(exc)) from exc
+        except OSError as exc:
+            raise CommandFailed(describe_os_error(exc)) from exc

@@ -1,0 +1,71 @@
+"""scripts/setup.sh says what its first run does and how long it takes, and nothing once .venv is complete.
+
+The real first run takes a minute of both CPUs (a venv, torch from disk); here `python3`
+and the venv's python are stand-ins that record what they are asked, so the test checks
+the script's own behaviour: its messages and the commands it runs, in order.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import stat
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAKE_PYTHON3 = """#!/usr/bin/env bash
+echo "python3 $*" >> "$CALLS"
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin" && cp "$VENV_PYTHON" "$3/bin/python"
+  exit 0
+fi
+exec "$REAL_PYTHON" "$@"
+"""
+FAKE_VENV_PYTHON = """#!/usr/bin/env bash
+echo "venv-python $*" >> "$CALLS"
+if [ "$1" = "-c" ]; then exit "${VENV_COMPLETE:-1}"; fi
+exit 0
+"""
+
+
+def make_script(path: pathlib.Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def run_setup(tmp_path: pathlib.Path, complete: bool = False) -> subprocess.CompletedProcess:
+    project, stubs = tmp_path / "project", tmp_path / "stubs"
+    (project / "scripts").mkdir(parents=True, exist_ok=True)
+    stubs.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "scripts" / "setup.sh", project / "scripts" / "setup.sh")
+    make_script(stubs / "python3", FAKE_PYTHON3)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
+           "REAL_PYTHON": sys.executable, "VENV_PYTHON": make_script(tmp_path / "venv-python", FAKE_VENV_PYTHON),
+           "VENV_COMPLETE": "0" if complete else "1"}
+    return subprocess.run(["bash", str(project / "scripts" / "setup.sh")], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_the_first_run_says_what_it_does_and_roughly_how_long(tmp_path):
+    result = run_setup(tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert any("creating" in line and ".venv" in line for line in lines), result.stderr
+    assert any("about a minute" in line for line in lines), result.stderr
+    assert lines[-1].startswith("setup: .venv ready after "), result.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert any(call.startswith("python3 -m venv .venv") for call in calls), calls
+    assert any(call.startswith("venv-python -m pip install") and "torch==2.13.0" in call for call in calls), calls
+
+
+def test_a_complete_venv_is_left_alone_silently(tmp_path):
+    first = run_setup(tmp_path)
+    assert first.returncode == 0
+    (tmp_path / "calls").unlink()
+    again = run_setup(tmp_path, complete=True)
+    assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
+    completeness_check = re.search(r'\.venv/bin/python -c "([^"]+)"', (ROOT / "scripts" / "setup.sh").read_text())
+    assert (tmp_path / "calls").read_text().splitlines() == [f"venv-python -c {completeness_check.group(1)}"]

@@ -1,0 +1,51 @@
+"""LookupConfig: every lookup option checked in one place, frozen, and the rule "auto" follows."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engram_client.lookup_config import LookupConfig, default_gather_threads
+
+
+def test_defaults_are_valid_and_the_config_is_frozen():
+    config = LookupConfig()
+    assert (config.path, config.strategy, config.out_dtype, config.strict_ids) == ("auto", "auto", torch.bfloat16,
+                                                                                    False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.path = "uva"
+    assert dataclasses.replace(config, path="uva").path == "uva" and config.path == "auto"
+    assert 1 <= default_gather_threads() <= 16
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"path": "gpu"}, "lookup_path must be one of auto, host, uva, got 'gpu'"),
+    ({"strategy": "sorted"}, "lookup strategy must be one of auto, dedup, direct"),
+    ({"out_dtype": torch.float16}, "out_dtype must be torch.bfloat16 or torch.float32"),
+    ({"max_programs": 0}, "max_programs must be a positive int or None"),
+    ({"block_rows": 24}, "block_rows must be a power of two, got 24"),
+    ({"num_warps": 0}, "num_warps must be a power of two"),
+    ({"wait_timeout": -1.0}, "lookup_timeout must be positive seconds"),
+    ({"gather_threads": 0}, "gather_threads must be an int from 1 to 1024, got 0"),
+    ({"gather_threads": 2.5}, "gather_threads must be an int"),
+    ({"hot_cache_bytes": -1}, "hot_cache_bytes must be a non-negative int"),
+    ({"hot_cache_refresh_every": 0}, "hot_cache_refresh_every must be a positive int"),
+    ({"path": "host", "hot_cache_bytes": 1 << 20}, "hot-row cache serves the UVA kernel"),
+])
+def test_each_bad_option_is_named(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        LookupConfig(**options)
+
+
+def test_auto_takes_the_host_path_unless_the_uva_kernel_is_clearly_faster():
+    for threads in (4, 8, 15):  # enough rows in flight: the host path for every size
+        config = LookupConfig(gather_threads=threads)
+        assert [config.choose_path(n) for n in (1, 6144, 49152, 393216, 10**8)] == ["host"] * 5
+    one = LookupConfig(gather_threads=1)
+    assert one.choose_path(2000) == "host" and one.choose_path(6144) == "uva" and one.choose_path(393216) == "uva"
+    two = LookupConfig(gather_threads=2)
+    assert two.choose_path(6144) == "host" and two.choose_path(49152) == "uva"
+    assert LookupConfig(path="uva").choose_path(10) == "uva"
+    assert LookupConfig(path="host", gather_threads=1).choose_path(10**8) == "host"
+    assert LookupConfig(hot_cache_bytes=1 << 20).choose_path(10) == "uva"  # the cache lives in the UVA kernel

@@ -1,0 +1,67 @@
+"""What a user of the package expects to find: the license pyproject names, PEP 561 markers, annotations."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pathlib
+import tomllib
+
+import click
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Modules whose every public function and method must be fully annotated (the client library's
+# error tree, connection and readiness wait, and the command line's own modules).
+ANNOTATED_MODULES = [
+    "engram_client.core.errors", "engram_client.connection", "engram_client.readiness", "engramd.cli",
+    "engramd.cli_errors", "engramd.reach", "engramd.status_cli", "engramd.status_text", "engramd.serve_cli", "engramd.sizes", "engramd.shm_check",
+    "engramd.synth_target", "engramd.lock_owner", "engramd.progress",
+]
+
+
+def test_the_license_file_is_the_one_pyproject_names():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert text.count("\n") > 190, "the full text, not a pointer to it"
+
+
+@pytest.mark.parametrize("package", ["engramd", "engram_client"])
+def test_packages_are_marked_typed_and_ship_the_marker(package):
+    module = importlib.import_module(package)
+    assert (pathlib.Path(module.__file__).parent / "py.typed").is_file()
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in package_data[package]
+
+
+def _public_callables(module):
+    for name, obj in vars(module).items():
+        if isinstance(obj, click.Command) and obj.callback is not None:
+            obj = obj.callback  # a command: its function holds the annotations
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if inspect.isfunction(member) and (not attr.startswith("_") or attr == "__init__"):
+                    yield f"{name}.{attr}", member
+        elif inspect.isfunction(obj):
+            yield name, obj
+
+
+@pytest.mark.parametrize("module_name", ANNOTATED_MODULES)
+def test_public_functions_are_fully_annotated(module_name):
+    module = importlib.import_module(module_name)
+    missing = []
+    for name, function in _public_callables(module):
+        signature = inspect.signature(function)
+        for param in signature.parameters.values():
+            if param.name in ("self", "cls"):
+                continue
+            if param.annotation is inspect.Parameter.empty:
+                missing.append(f"{name}({param.name})")
+        if signature.return_annotation is inspect.Signature.empty:
+            missing.append(f"{name} -> ?")
+    assert not missing, f"{module_name}: not annotated: {', '.join(missing)}"

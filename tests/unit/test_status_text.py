@@ -1,0 +1,84 @@
+"""The human status: every field the status object has, in words; the hashing line exactly when the
+table carries a token map."""
+from __future__ import annotations
+
+import pytest
+
+from engramd.config import ServeConfig
+from engramd.daemon import Daemon
+from engramd.status_text import SHOWN_FIELDS, print_status, render_status
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    daemon = Daemon(ServeConfig(shm_dir=str(tmp_path), endpoint="ipc:///tmp/x-status-text.sock"))
+    yield daemon
+    daemon.shm.close()
+
+
+def test_every_field_of_the_status_object_is_rendered(daemon):
+    assert set(daemon.status()) == SHOWN_FIELDS, "a status field the text does not show (or shows no more)"
+
+
+def full_status() -> dict:
+    """A status after a reload: generation 2 served, 1 retiring with a client still on it."""
+    return {
+        "state": "ready", "error": None, "generation": 2, "boot_id": "boot-4f1c", "version": "9.8.7",
+        "pid": 4242, "started_at": 1_800_000_000.0, "checkpoint": "/models/r2", "fingerprint": "fp-77aa",
+        "table_path": "/dev/shm/engramd-x-g2.table", "table_bytes": 5 * 2**20, "adopted": True,
+        "numa_node": 1, "shm_dir": "/dev/shm/here", "files": ["model-1.safetensors", "model-2.safetensors"],
+        "layers": [{"layer": 3, "rows": 307, "head_dim": 256, "head_sizes": [307]}],
+        "load": {"done_bytes": 5 * 2**20, "total_bytes": 5 * 2**20},
+        "reload": {"generation": 3, "checkpoint": "/models/r3", "state": "failed", "error": "bad shard",
+                   "load": {"done_bytes": 0, "total_bytes": 10}},
+        "generations": [
+            {"generation": 2, "state": "ready", "checkpoint": "/models/r2", "path": "/dev/shm/engramd-x-g2.table",
+             "clients": 1, "adopted": True, "error": None, "retiring": False, "load": {}},
+            {"generation": 1, "state": "ready", "checkpoint": "/models/r1", "path": "/dev/shm/engramd-x-g1.table",
+             "clients": 1, "adopted": False, "error": None, "retiring": True, "load": {}}],
+        "clients": [
+            {"id": "c1-10", "pid": 10, "host": "node7", "rank": None, "device": "cpu", "generation": 1,
+             "attached_at": 1_800_000_100.0, "last_heartbeat_age_s": 0.5},
+            {"id": "c2-11", "pid": 11, "host": "node7", "rank": 0, "device": "cuda:0", "generation": 2,
+             "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25}],
+        "clients_total": 70, "lease_seconds": 7.5, "events_endpoint": "ipc:///run/engramd.sock.events",
+        "hashing": {"vocab": 400, "compressed_vocab": 311, "max_ngram": 3, "pad_token_id": 2},
+    }
+
+
+def test_the_text_states_each_value():
+    status = full_status()
+    assert set(status) == SHOWN_FIELDS
+    text = "\n".join(render_status(status))
+    for needle in ("ready", "generation  2 (re-adopted", "boot-4f1c", "9.8.7", "pid 4242", "/models/r2",
+                   "fp-77aa", "/dev/shm/engramd-x-g2.table", "5.0 MiB", "/dev/shm/here", "model-1.safetensors",
+                   "model-2.safetensors", "layer   3: 307 rows x 256, 1 heads", "generation 3 from /models/r3: failed",
+                   "bad shard", "numa node   1", "clients     70 ", "the oldest 2 listed", "400 token ids -> 311 compressed", "7.5 s", "ipc:///run/engramd.sock.events", "node7", "cuda:0"):
+        assert needle in text, f"{needle!r} missing from:\n{text}"
+    assert "None" not in text, text
+    lines = text.splitlines()
+    retiring = next(line for line in lines if "generation 1 " in line and "retiring" in line)
+    assert "1 client still on it" in retiring and "/dev/shm/engramd-x-g1.table" in retiring
+    old_client = next(line for line in lines if "c1-10" in line)
+    assert "no rank" in old_client and "generation 1 (old)" in old_client
+    assert "rank 0" in next(line for line in lines if "c2-11" in line)
+
+
+def status(hashing: dict | None) -> dict:
+    return {"state": "ready", "error": None, "generation": 3, "boot_id": "b1", "pid": 42, "checkpoint": "/ckpt",
+            "table_bytes": 3 * 2**20, "table_path": "/dev/shm/engramd/table-3",
+            "layers": [{"layer": 1, "rows": 1000, "head_dim": 32, "head_sizes": [499, 501]}],
+            "hashing": hashing, "reload": None, "numa_node": None, "clients": []}
+
+
+def test_a_table_with_a_token_map_prints_its_hashing_facts(capsys: pytest.CaptureFixture[str]):
+    print_status(status({"vocab": 400, "compressed_vocab": 311, "max_ngram": 3, "pad_token_id": 2}))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("hashing")]
+    assert lines == ["hashing     400 token ids -> 311 compressed, n-grams up to 3, pad token 2"]
+
+
+def test_a_table_without_a_token_map_prints_no_hashing_line(capsys: pytest.CaptureFixture[str]):
+    print_status(status(None))
+    out = capsys.readouterr().out
+    assert "layer   1: 1000 rows x 32, 2 heads" in out
+    assert "hashing" not in out
