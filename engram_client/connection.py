@@ -86,8 +86,7 @@ class DaemonConnection:
         """Send one request and return its result; error replies raise their class."""
         if os.getpid() != self._owner_pid:
             raise NotAttachedError(f"this process (pid {os.getpid()}) was forked from pid {self._owner_pid}, which "
-                                   f"opened this connection to engramd; a forked child must make its own EngramClient "
-                                   f"(its lookups on the inherited mapping keep working)")
+                                   f"opened this connection to engramd; a forked child must make its own EngramClient")
         with self._lock:
             sock = self._open()
             request_id = next(self._ids)
