@@ -23,13 +23,15 @@ def _heartbeats(endpoint: str, state: dict, interval: float, timeout: float, sto
         while not stop.wait(interval):
             started = time.perf_counter()
             try:
-                connection.request("heartbeat", {"client_id": state["client_id"]}, timeout=timeout)
+                connection.request("heartbeat", {"client_id": state["client_id"], "secret": state["secret"]},
+                                   timeout=timeout)
                 state["heartbeats"] += 1
                 state["heartbeat_latencies"].append(time.perf_counter() - started)
             except UnknownClientError:
                 state["unknown_client"] += 1
                 try:  # as EngramClient does: attach again, and go on
-                    state["client_id"] = connection.request("attach", state["attach_args"], timeout=timeout)["client_id"]
+                    reply = connection.request("attach", state["attach_args"], timeout=timeout)
+                    state["client_id"], state["secret"] = reply["client_id"], reply["lease_secret"]
                 except DaemonUnavailableError:
                     state["unanswered"]["attach"] += 1
                 except EngramError as exc:
@@ -58,7 +60,7 @@ def client_main(index: int, endpoint: str, seconds: float, timeout: float, inter
         except DaemonUnavailableError:
             state["unanswered"]["attach"] += 1
             raise
-        state["client_id"] = reply["client_id"]
+        state["client_id"], state["secret"] = reply["client_id"], reply["lease_secret"]
         heartbeat = threading.Thread(target=_heartbeats, name="heartbeat", daemon=True,
                                      args=(endpoint, state, reply["lease_seconds"] / 3, timeout, stop))
         heartbeat.start()
@@ -78,13 +80,13 @@ def client_main(index: int, endpoint: str, seconds: float, timeout: float, inter
             if interval:
                 time.sleep(interval)
         state["torch_imported"] = "torch" in sys.modules
-        results.put({key: value for key, value in state.items() if key != "attach_args"})
+        results.put({key: value for key, value in state.items() if key not in ("attach_args", "secret")})
         if not release.wait(START_TIMEOUT_S + seconds):  # keep the lease until the main process has looked
             raise TimeoutError(f"client {index}: no release signal")
         stop.set()
         heartbeat.join(timeout=timeout + 1)
         try:
-            connection.request("detach", {"client_id": state["client_id"]}, timeout=timeout)
+            connection.request("detach", {"client_id": state["client_id"], "secret": state["secret"]}, timeout=timeout)
         except DaemonUnavailableError:
             results.put({"index": index, "late_unanswered": "detach"})
         except UnknownClientError:

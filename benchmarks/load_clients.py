@@ -131,7 +131,7 @@ def run(args) -> dict:
                 pending.discard(item["index"])
             else:
                 extra.append(item)
-        final = connection.request("status", timeout=args.timeout)  # before anyone detaches
+        final = connection.request("status", {"clients_limit": 1024}, timeout=args.timeout)  # before anyone detaches
         held = {client["id"] for client in final["clients"]}
         rss_end = rss_mib(daemon_pid or 0)
         release.set()
@@ -142,7 +142,7 @@ def run(args) -> dict:
                 extra.append(results.get(timeout=0.5))
             except Exception:
                 break
-        after = connection.request("status", timeout=args.timeout)
+        after = connection.request("status", {"clients_limit": 1024}, timeout=args.timeout)
         connection.close()
     finally:
         for proc in processes:

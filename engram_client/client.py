@@ -89,7 +89,7 @@ class EngramClient:
         try:
             state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges)
         except BaseException:
-            self._state.detach_quietly(reply["client_id"])
+            self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
@@ -156,7 +156,7 @@ class EngramClient:
                     new.release()
                     raise
             except BaseException:
-                self._state.detach_quietly(reply["client_id"])
+                self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
                 raise
             if state.stream is not None:
                 state.stream.synchronize()  # no kernel may still read the old pages
@@ -171,7 +171,7 @@ class EngramClient:
                     state.tables[layer] = self._new_table(lv, len(new.layers))
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
             state.hasher = new_hasher
-            self._state.detach_quietly(old.lease_id)
+            self._state.detach_quietly(old.lease_id, old.lease_secret)
             old.release()
             log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
             return True

@@ -15,6 +15,7 @@ from typing import Any
 
 from .connection import DaemonConnection
 from .core.errors import EngramError, UnknownClientError
+from .fork_guard import release_in_forked_child
 from .hashing.hasher import UnavailableHasher
 from .mapped_generation import MappedGeneration
 from .table import EngramTable
@@ -39,6 +40,7 @@ class ClientState:
         self.attach_args: dict[str, Any] = {}
         self.hasher: Any = UnavailableHasher("the client is not attached")
         self.lock = threading.RLock()  # refresh vs heartbeat re-attach
+        self.owner_pid = os.getpid()  # a forked child releases differently (fork_guard)
 
     @property
     def client_id(self) -> str | None:
@@ -47,7 +49,7 @@ class ClientState:
     def heartbeat_loop(self, interval: float) -> None:
         while not self.stop.wait(interval):
             try:
-                reply = self.connection.request("heartbeat", {"client_id": self.client_id}, timeout=interval)
+                reply = self.connection.request("heartbeat", self.lease_args(), timeout=interval)
                 self.lease_lost = False
             except UnknownClientError:
                 self._reattach()
@@ -76,7 +78,7 @@ class ClientState:
             self.boot_id, self.lease_lost = reply["boot_id"], False
             if mapped is None:
                 return
-            mapped.lease_id = reply["client_id"]
+            mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")
             if (reply["table_path"], reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or \
                     not same_file(reply["table_path"], mapped):
                 self.refresh_pending = True
@@ -85,24 +87,33 @@ class ClientState:
             log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
                      "; a refresh is pending" if self.refresh_pending else "")
 
-    def detach_quietly(self, lease_id: str) -> None:
+    def lease_args(self) -> dict[str, str | None]:
+        """The lease's id and the secret that proves it is ours (protocol 1.2)."""
+        mapped = self.mapped
+        return {"client_id": mapped.lease_id, "secret": mapped.lease_secret} if mapped is not None else \
+            {"client_id": None}
+
+    def detach_quietly(self, lease_id: str, secret: str) -> None:
         """Release a lease; if the daemon is gone or already dropped it, it expires by itself."""
         try:
-            self.connection.request("detach", {"client_id": lease_id}, timeout=1.0)
+            self.connection.request("detach", {"client_id": lease_id, "secret": secret}, timeout=1.0)
         except EngramError:
             pass
 
     def release(self) -> None:
+        if release_in_forked_child(self):
+            return
         self.stop.set()
         if self.heartbeat_thread is not None and self.heartbeat_thread is not threading.current_thread():
             self.heartbeat_thread.join(timeout=5.0)
         with self.lock:
             if self.mapped is not None:
-                self.detach_quietly(self.mapped.lease_id)
+                self.detach_quietly(self.mapped.lease_id, self.mapped.lease_secret)
                 if self.stream is not None:
                     self.stream.synchronize()
                 for table in self.tables.values():
-                    table._retire("client is closed")  # a table kept past close must not read unmapped rows
+                    # a table kept past close must not read unmapped rows: it raises NotAttachedError
+                    table._retire("the client this table belongs to is closed; make a new EngramClient")
                 self.tables.clear()
                 self.mapped.release()
                 self.mapped = None

@@ -3,6 +3,11 @@
 A request that times out closes the socket and opens a new one, so a late reply
 to it can never be taken for the answer to the next request.  One lock serialises
 callers (the rank's thread and the heartbeat thread share a connection).
+
+A connection belongs to the process that made it: libzmq's I/O thread does not survive
+fork(2), and a forked child that used the inherited socket would spin forever in
+zmq_poll.  In a child every request raises NotAttachedError at once, and closing only
+drops the parent's socket (pyzmq never closes a socket in a process that did not open it).
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from typing import Any
 import zmq
 
 from .core import endpoints, protocol
-from .core.errors import REPLY_ERRORS, DaemonUnavailableError, ProtocolError, RequestError
+from .core.errors import REPLY_ERRORS, DaemonUnavailableError, NotAttachedError, ProtocolError, RequestError
+from .socket_trust import check_socket_trust
 
 
 class DaemonConnection:
@@ -25,6 +31,7 @@ class DaemonConnection:
         if self.endpoint.startswith("tcp://") and curve_keys_dir is None:
             raise ProtocolError(f"{self.endpoint}: engramd serves TCP only with CURVE; give the keys directory")
         self._check_socket_access()
+        self._owner_pid = os.getpid()
         self._context = zmq.Context.instance()
         self._socket: zmq.Socket | None = None
         self._ids = itertools.count(1)
@@ -40,11 +47,17 @@ class DaemonConnection:
         if directory and os.path.isdir(directory) and not os.access(directory, os.X_OK):
             raise DaemonUnavailableError(f"permission denied on {directory}: this user may not reach engramd's "
                                          "socket (the daemon's --group decides who may)")
+        if path is not None:
+            check_socket_trust(path)
 
     def _open(self) -> zmq.Socket:
         if self._socket is None:
+            path = endpoints.ipc_path(self.endpoint)
+            if path is not None:
+                check_socket_trust(path)  # again at every (re)connection: a sticky dir's socket may be new
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REPLY_BYTES)
             if self.curve_keys_dir is not None:
                 from zmq.auth import load_certificate
 
@@ -71,6 +84,9 @@ class DaemonConnection:
 
     def request(self, op: str, args: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
         """Send one request and return its result; error replies raise their class."""
+        if os.getpid() != self._owner_pid:
+            raise NotAttachedError(f"this process (pid {os.getpid()}) was forked from pid {self._owner_pid}, which "
+                                   f"opened this connection to engramd; a forked child must make its own EngramClient")
         with self._lock:
             sock = self._open()
             request_id = next(self._ids)
@@ -82,7 +98,7 @@ class DaemonConnection:
                     self._reset()
                     raise DaemonUnavailableError(f"engramd at {self.endpoint} did not answer {op!r} within "
                                                  f"{timeout:.1f} s (is it running? `engramd status --socket ...`)")
-                reply = protocol.unpack(sock.recv())
+                reply = protocol.unpack(sock.recv(), limit=protocol.MAX_REPLY_BYTES)
                 protocol.check_version(reply)
                 if reply.get("id") == request_id:
                     break  # anything else is a stale reply to an abandoned request
@@ -97,5 +113,8 @@ class DaemonConnection:
                   code=error.get("code"), name=error.get("name"))
 
     def close(self) -> None:
+        if os.getpid() != self._owner_pid:
+            self._socket = None  # the parent's: never touched here
+            return
         with self._lock:
             self._reset()

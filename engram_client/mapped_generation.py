@@ -30,6 +30,7 @@ class MappedGeneration:
     path: str
     fingerprint: str
     lease_id: str
+    lease_secret: str = ""  # renewing or releasing the lease takes it (protocol 1.2)
     mapping: ReadOnlyMapping | None = None
     registrations: list = field(default_factory=list)
     layers: dict[int, LayerView] = field(default_factory=dict)
@@ -44,7 +45,7 @@ class MappedGeneration:
         unknown = set(row_ranges) - {entry.layout.layer for entry in header.layers}
         if unknown:
             raise ValueError(f"row_ranges names layers {sorted(unknown)} that the table does not have")
-        mapped = cls(reply["generation"], path, header.fingerprint, reply["client_id"])
+        mapped = cls(reply["generation"], path, header.fingerprint, reply["client_id"], reply.get("lease_secret", ""))
         try:
             mapped.mapping = ReadOnlyMapping(path, header.total_bytes)
             for entry in header.layers:

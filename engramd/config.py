@@ -58,6 +58,9 @@ class ServeConfig:
         self.events_endpoint = self.events_endpoint or pub_endpoint_for(self.endpoint)
         if not self.events_endpoint.startswith(("ipc://", "inproc://")):
             raise ConfigError(f"events endpoint {self.events_endpoint!r}: only ipc:// endpoints are served")
+        if self.checkpoint is not None and not self.checkpoint.strip():
+            # An unset variable in a unit's command line; abspath("") would quietly be the cwd.
+            raise ConfigError("--checkpoint is empty; give a checkpoint directory, or none for the demo table")
         if self.checkpoint is not None:
             self.checkpoint = os.path.abspath(self.checkpoint)
             if not os.path.isdir(self.checkpoint):

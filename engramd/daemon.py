@@ -36,9 +36,11 @@ from engram_client.core.protocol import LOADING, READY, STOPPING
 from . import __version__
 from .config import ServeConfig
 from .generation import Generation
+from .lease_limits import STATUS_CLIENTS
 from .leases import LeaseRegistry
 from .load_job import LoadJob
 from .metrics import NoMetrics
+from .served_record import record_path, resume_checkpoint, write_record
 from .status_report import build_status
 from .table_store import ShmDir, instance_id
 
@@ -64,6 +66,7 @@ class Daemon:
         self._on_state_change = on_state_change or (lambda state: None)
         self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if config.gid is not None else 0o600,
                           config.gid)
+        self._served_record = record_path(self.shm.directory, self.shm.instance)
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
         self._snapshot: dict[str, Any] = {}
@@ -113,7 +116,8 @@ class Daemon:
 
     def start_load(self) -> None:
         """The first load of this process: re-adopt a predecessor's table, or load afresh."""
-        self._begin(Generation(self._next_number(), self.config.checkpoint), first=True)
+        checkpoint = resume_checkpoint(self._served_record, self.config.checkpoint, self._allowed_checkpoint)
+        self._begin(Generation(self._next_number(), checkpoint), first=True)
 
     def _next_number(self) -> int:
         self._last_number += 1
@@ -139,6 +143,7 @@ class Daemon:
                     previous.retired_at = time.monotonic()
                     self.retiring[previous.number] = previous
                 self.current, self.pending = generation, None
+        write_record(self._served_record, self.config.checkpoint, generation.checkpoint)
         self._announce()
 
     def _load_failed(self, generation: Generation) -> None:
@@ -214,12 +219,12 @@ class Daemon:
         self.shm.close()
 
     # -- requests (server thread) ------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self, clients_limit: int = STATUS_CLIENTS) -> dict[str, Any]:
         """The status reply, built now (server thread); also kept as the snapshot metrics read."""
         with self._lock:
             self._snapshot = build_status(self.state, self.current, self.pending, list(self.retiring.values()),
                                           self.leases, self.config, self.boot_id, self.started_at, __version__,
-                                          self.shm.directory)
+                                          self.shm.directory, clients_limit)
             return self._snapshot
 
     def snapshot(self) -> dict[str, Any]:
@@ -227,26 +232,27 @@ class Daemon:
         with self._lock:
             return self._snapshot
 
-    def attach(self, pid: int, host: str, rank: int | None, device: str) -> dict[str, Any]:
+    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: bytes = b"") -> dict[str, Any]:
         current = self.current
         if self.stopping or current.state != READY:
             raise NotReadyError(f"no table to attach to: state is {self.state}"
                                 + (f" ({current.error})" if current.error else ""))
-        lease = self.leases.grant(pid, host, rank, device, current.number)
+        lease = self.leases.grant(pid, host, rank, device, current.number, peer)
         log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s)", lease.id,
                  current.number, pid, host, device, rank)
-        return {"client_id": lease.id, "lease_seconds": self.config.lease_seconds, "boot_id": self.boot_id,
+        return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds,
+                "boot_id": self.boot_id,
                 "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint}
 
-    def heartbeat(self, client_id: str) -> dict[str, Any]:
-        lease = self.leases.renew(client_id)
+    def heartbeat(self, client_id: str, secret: str = "") -> dict[str, Any]:
+        lease = self.leases.renew(client_id, secret)
         if lease is None:
             raise UnknownClientError(f"no lease {client_id!r}: it expired or was granted by an earlier daemon; attach again")
         return {"boot_id": self.boot_id, "generation": self.generation, "lease_generation": lease.generation,
                 "lease_seconds": self.config.lease_seconds}
 
-    def detach(self, client_id: str) -> dict[str, Any]:
-        if not self.leases.release(client_id):
+    def detach(self, client_id: str, secret: str = "") -> dict[str, Any]:
+        if not self.leases.release(client_id, secret):
             raise UnknownClientError(f"no lease {client_id!r} to detach")
         log.info("client %s detached", client_id)
         return {"detached": client_id}

@@ -1,10 +1,19 @@
-"""Attached clients and their leases: who holds the table, and until when."""
+"""Attached clients and their leases: who holds the table, and until when.
+
+A lease has a public id (listed in status, never enough to act on it) and a secret that
+only the attaching client receives; renewing or releasing a lease takes both.  Ids carry
+a random part, so a new daemon never hands out an id an old one did.
+"""
 from __future__ import annotations
 
+import hmac
 import itertools
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from .lease_limits import PER_PEER, TOTAL, LeaseLimitError
 
 
 @dataclass
@@ -15,6 +24,8 @@ class Lease:
     rank: int | None
     device: str
     generation: int
+    secret: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    peer: bytes = b""  # the connection that attached it
     attached_at: float = field(default_factory=time.time)
     renewed_at: float = field(default_factory=time.monotonic)
 
@@ -33,19 +44,32 @@ class LeaseRegistry:
         self._leases: dict[str, Lease] = {}
         self._ids = itertools.count(1)
 
-    def grant(self, pid: int, host: str, rank: int | None, device: str, generation: int) -> Lease:
-        lease = Lease(f"c{next(self._ids)}-{pid}", pid, host, rank, device, generation)
+    def grant(self, pid: int, host: str, rank: int | None, device: str, generation: int, peer: bytes = b"") -> Lease:
+        if len(self._leases) >= TOTAL:
+            raise LeaseLimitError(f"the daemon holds {TOTAL} leases, its limit; detach unused clients first")
+        if peer and sum(1 for lease in self._leases.values() if lease.peer == peer) >= PER_PEER:
+            raise LeaseLimitError(f"this connection holds {PER_PEER} leases, the limit for one connection")
+        lease = Lease(f"c{next(self._ids)}-{secrets.token_hex(4)}", pid, host, rank, device, generation, peer=peer)
         self._leases[lease.id] = lease
         return lease
 
-    def renew(self, client_id: str) -> Lease | None:
+    def _held(self, client_id: str, secret: str) -> Lease | None:
         lease = self._leases.get(client_id)
+        if lease is None or not hmac.compare_digest(lease.secret.encode(), secret.encode()):
+            return None
+        return lease
+
+    def renew(self, client_id: str, secret: str) -> Lease | None:
+        lease = self._held(client_id, secret)
         if lease is not None:
             lease.renewed_at = time.monotonic()
         return lease
 
-    def release(self, client_id: str) -> bool:
-        return self._leases.pop(client_id, None) is not None
+    def release(self, client_id: str, secret: str) -> bool:
+        if self._held(client_id, secret) is None:
+            return False
+        del self._leases[client_id]
+        return True
 
     def expire(self) -> list[Lease]:
         deadline = time.monotonic() - self.lease_seconds
@@ -61,9 +85,11 @@ class LeaseRegistry:
             held[lease.generation] = held.get(lease.generation, 0) + 1
         return held
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The oldest ``limit`` leases (all if None), as status lists them."""
         now = time.monotonic()
-        return [lease.to_dict(now) for lease in self._leases.values()]
+        leases = list(self._leases.values())[:limit]
+        return [lease.to_dict(now) for lease in leases]
 
     def __len__(self) -> int:
         return len(self._leases)

@@ -3,7 +3,7 @@
     plan ──▶ adopt? ──yes──▶ on_ready(generation)
                │no
                ▼
-    reserve ──▶ fill ──▶ publish ──▶ on_ready(generation)
+    reserve ──▶ fill ──▶ verify the files unchanged ──▶ publish ──▶ on_ready(generation)
     any failure (not a cancellation) ──▶ on_failed(generation)
 
 Runs on the daemon's load thread, one job at a time.  It writes only its own
@@ -26,6 +26,7 @@ from engram_client.core.protocol import FAILED
 from engram_client.core.table_file import TableHeader, read_header
 
 from .checkpoint import read_checkpoint
+from .checkpoint_guard import CheckpointGuard
 from .config import ServeConfig
 from .generation import Generation
 from .loader import CheckpointSource, DemoSource, fill_table
@@ -95,6 +96,7 @@ class LoadJob:
         try:
             header, make_source, files = self._plan()
             generation.files = files
+            guard = CheckpointGuard(files)  # before the first row is read
             if self.may_adopt and self._adopt(header):
                 self.on_ready(generation)
                 return
@@ -111,6 +113,7 @@ class LoadJob:
                        self.config.max_load_rate)
             if self.cancel.is_set():
                 raise EngramError("load cancelled by stop")
+            guard.verify(source, header, writer.read)
             generation.path = writer.publish()
             writer = None
             elapsed = time.monotonic() - started

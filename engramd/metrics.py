@@ -29,7 +29,7 @@ class DaemonCollector:
                                 value=status["load"]["done_bytes"])
         yield GaugeMetricFamily("engramd_load_total_bytes", "Bytes to load (served generation)",
                                 value=status["load"]["total_bytes"])
-        yield GaugeMetricFamily("engramd_clients", "Clients holding a lease", value=len(status["clients"]))
+        yield GaugeMetricFamily("engramd_clients", "Clients holding a lease", value=status["clients_total"])
         reload = status["reload"]
         yield GaugeMetricFamily("engramd_reload_loading", "1 while a reload loads beside the served table",
                                 value=1.0 if reload and reload["state"] == LOADING else 0.0)

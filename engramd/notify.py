@@ -1,8 +1,9 @@
 """systemd's readiness protocol: datagrams to $NOTIFY_SOCKET (sd_notify(3)), without libsystemd.
 
 READY=1 is sent only when a table is served, so `Type=notify` units order ranks after a
-ready table; STATUS= lines report load progress; STOPPING=1 precedes a clean stop.  Without
-$NOTIFY_SOCKET every call is a no-op.
+ready table; STATUS= lines report load progress; STOPPING=1 precedes a clean stop; with
+WatchdogSec= the server loop sends WATCHDOG=1 every half $WATCHDOG_USEC, so a loop that
+stops turning gets the daemon restarted.  Without $NOTIFY_SOCKET every call is a no-op.
 """
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ class SystemdNotifier:
         self._last_status = 0.0
         self._ready_sent = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if self.address else None
+        usec = os.environ.get("WATCHDOG_USEC", "")
+        watchdog_pid = os.environ.get("WATCHDOG_PID", "")
+        for_us = not watchdog_pid or watchdog_pid == str(os.getpid())
+        self.watchdog_interval = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 and for_us else None
+        self._last_watchdog = 0.0
 
     def send(self, *fields: str) -> None:
         if self._sock is None:
@@ -49,6 +55,15 @@ class SystemdNotifier:
             self.send(f"STATUS=load failed: {error}")
         elif state == STOPPING:
             self.send("STOPPING=1", "STATUS=stopping")
+
+    def watchdog(self) -> None:
+        """Tell systemd the loop still turns (called from the server loop; rate-limited here)."""
+        if self._sock is None or self.watchdog_interval is None:
+            return
+        now = time.monotonic()
+        if now - self._last_watchdog >= self.watchdog_interval:
+            self._last_watchdog = now
+            self.send("WATCHDOG=1")
 
     def progress(self, done: int, total: int) -> None:
         now = time.monotonic()

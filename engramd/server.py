@@ -10,7 +10,6 @@ Owns the sockets and the socket files; the table belongs to daemon.py.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import queue
@@ -27,15 +26,21 @@ from engram_client.core.protocol import LOADING
 from .config import ServeConfig
 from .daemon import Daemon
 from .ops import OPERATIONS
+from .fd_limits import PeerCap, peer_budget, raise_nofile_limit
 from .lock_owner import holder, write_pid
+from .memory_trim import HeapTrimmer
 from .progress import progress_for
 from .metrics import Metrics, NoMetrics
 from .notify import SystemdNotifier
 from .remote_status import RemoteStatus
+from .safe_paths import prepare_socket_dir, take_lock
 
 log = logging.getLogger("engramd.server")
 POLL_MS = 100
 DRAIN_PER_POLL = 256  # answer at most this many requests before housekeeping runs again
+HANDSHAKE_MS = 5000
+REPLY_QUEUE = 256  # replies queued per peer: a client may pipeline this many requests and read them all
+REQUEST_QUEUE = 16  # requests taken in per peer before it has to wait
 
 
 class EndpointLock:
@@ -48,18 +53,11 @@ class EndpointLock:
         if socket_path is None:
             return
         directory = os.path.dirname(socket_path) or "."
+        prepare_socket_dir(directory, default=endpoint == endpoints.default_endpoint())
         self.path = socket_path + ".lock"
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise ConfigError(f"cannot create the socket directory or lock {self.path}: {exc.strerror}") from exc
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self.fd)
-            raise ConfigError(f"another engramd{holder(self.path)} is serving {endpoint} "
-                              f"(lock {self.path} is held); stop it first: engramd stop --socket {endpoint}") from exc
+        self.fd = take_lock(self.path, "socket lock", lambda: (
+            f"another engramd{holder(self.path)} is serving {endpoint}; "
+            f"stop it first: engramd stop --socket {endpoint}"))
         write_pid(self.fd)
 
     def release(self) -> None:
@@ -79,12 +77,17 @@ class Server:
         self.lock = EndpointLock(config.endpoint)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.context = zmq.Context()
-        self.router = self.pub = self.remote = None
+        self.router = self.pub = self.remote = self.peer_cap = None
         try:
+            soft_limit, _ = raise_nofile_limit()
             self.metrics = Metrics() if config.metrics_port is not None else NoMetrics()
             self.daemon = Daemon(config, on_state_change=self.events.put, metrics=self.metrics)
             self.router = self._bind(zmq.ROUTER, config.endpoint)
             self.pub = self._bind(zmq.PUB, config.events_endpoint)
+            self.peer_cap = PeerCap(peer_budget(soft_limit))
+            self.peer_cap.watch(self.router)
+            self.peer_cap.watch(self.pub)
+            log.info("open-file limit %d: at most %d peers at once", soft_limit, self.peer_cap.limit)
             if config.metrics_port is not None:
                 self.metrics.watch(self.daemon)
                 try:
@@ -104,15 +107,22 @@ class Server:
             raise
         self.progress = progress_for(sys.stderr, config.progress_bar)
         self.notifier = SystemdNotifier()
+        self.heap = HeapTrimmer()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self.context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 1000)
-        sock.setsockopt(zmq.RCVHWM, 1000)
-        if kind == zmq.ROUTER:
-            # Set before bind: the listener hands its options to each connection it accepts.
-            sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
+        # Set before bind: the listener hands its options to each connection it accepts.
+        # Per peer: a ROUTER drops replies to a peer with REPLY_QUEUE of them unread and a PUB
+        # drops events, so a peer that never reads costs at most that many messages; a peer
+        # that sends faster than it is answered waits on its own socket (REQUEST_QUEUE).
+        sock.setsockopt(zmq.SNDHWM, REPLY_QUEUE)
+        sock.setsockopt(zmq.RCVHWM, REQUEST_QUEUE)
+        # Both sockets: a PUB receives its subscribers' subscription frames, which are as
+        # much a peer's input as requests are.
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
+        # A connection that never completes the ZMTP handshake holds a descriptor: not for long.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         path = endpoints.ipc_path(endpoint)
         old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
@@ -151,7 +161,7 @@ class Server:
             request_id, op, args = protocol.parse_request(message)
             if allowed is not None and op not in allowed:
                 raise ProtocolError(f"operation {op!r} is not served on this endpoint (only {', '.join(allowed)})")
-            reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args))
+            reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args, peer=identity))
             self.metrics.requests.labels(op=op).inc()
         except EngramError as exc:
             self.metrics.errors.labels(code=exc.code).inc()
@@ -199,6 +209,8 @@ class Server:
             self.daemon.start_load()
             poller = zmq.Poller()
             poller.register(self.router, zmq.POLLIN)
+            for monitor in self.peer_cap.monitors:
+                poller.register(monitor, zmq.POLLIN)
             if self.remote is not None:
                 poller.register(self.remote.socket, zmq.POLLIN)
             while not self.daemon.stop_is_requested():
@@ -207,7 +219,10 @@ class Server:
                     self._drain(self.router)
                 if self.remote is not None and self.remote.socket in ready:
                     self._drain(self.remote.socket, allowed=("status",))
+                self.peer_cap.poll()
                 self.daemon.housekeeping()
+                self.notifier.watchdog()
+                self.heap.maybe_trim()
                 self._publish_events()
                 if self.daemon.state == LOADING:
                     load = self.daemon.load_progress()
@@ -227,6 +242,9 @@ class Server:
             log.info("engramd stopped")
 
     def _close_sockets(self) -> None:
+        if self.peer_cap is not None:
+            self.peer_cap.close()  # before the sockets it monitors, or the context never terminates
+            self.peer_cap = None
         if self.remote is not None:
             self.remote.close()
             self.remote = None

@@ -20,8 +20,9 @@ from .token_map import describe_hashing
 
 def build_status(state: str, current: Generation, pending: Generation | None, retiring: list[Generation],
                  leases: LeaseRegistry, config: ServeConfig, boot_id: str, started_at: float, version: str,
-                 shm_dir: str) -> dict[str, Any]:
-    """The status operation's result, as docs/protocol.md describes it."""
+                 shm_dir: str, clients_limit: int) -> dict[str, Any]:
+    """The status operation's result, as docs/protocol.md describes it; ``clients`` lists at most
+    ``clients_limit`` leases (the oldest), ``clients_total`` counts them all."""
     header = current.header
     held = leases.generations_held()
     return {
@@ -38,7 +39,8 @@ def build_status(state: str, current: Generation, pending: Generation | None, re
         "load": current.progress.snapshot(),
         "reload": pending.describe(held.get(pending.number, 0)) if pending else None,
         "generations": [g.describe(held.get(g.number, 0)) for g in (current, *retiring)],
-        "clients": leases.describe(), "lease_seconds": config.lease_seconds,
+        "clients": leases.describe(clients_limit), "clients_total": len(leases),
+        "lease_seconds": config.lease_seconds,
         "events_endpoint": config.events_endpoint,
         "error": current.error,
     }

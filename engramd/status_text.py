@@ -19,7 +19,7 @@ from .sizes import human_bytes
 SHOWN_FIELDS = frozenset({
     "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
     "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
-    "generations", "clients", "lease_seconds", "events_endpoint", "hashing",
+    "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing",
 })
 
 
@@ -97,7 +97,9 @@ def render_status(status: dict[str, Any]) -> list[str]:
     numa = status.get("numa_node")
     lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")
     clients = status["clients"]
-    lines.append(f"clients     {len(clients)} (a client silent for {status.get('lease_seconds')} s is dropped)")
+    total = status.get("clients_total", len(clients))  # a 1.1 daemon lists every client
+    shown = "" if total == len(clients) else f"; the oldest {len(clients)} listed"
+    lines.append(f"clients     {total} (a client silent for {status.get('lease_seconds')} s is dropped{shown})")
     lines.extend(_client_line(client, served) for client in clients)
     lines.append(f"events      {status.get('events_endpoint')}")
     return lines

@@ -28,6 +28,7 @@ from engram_client.core.errors import ShmSpaceError, TableFileError
 from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
 from .lock_owner import holder
+from .safe_paths import UnsafePathError, check_directory, foreign_reason, take_lock
 from .sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")
@@ -53,14 +54,14 @@ class ShmDir:
         self.gid = gid
         if not os.path.isdir(self.directory):
             raise TableFileError(f"shm dir {self.directory} does not exist")
+        check_directory(self.directory, "shm dir")  # a shared one must be sticky, like /dev/shm
         self.lock_path = os.path.join(self.directory, f"engramd-{instance}.lock")
-        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self._lock_fd)
-            raise TableFileError(f"another live engramd{holder(self.lock_path)} already owns {self.lock_path} "
-                                 f"(same endpoint and shm dir); stop it first") from exc
+            self._lock_fd = take_lock(self.lock_path, "lock file", lambda: (
+                f"another live engramd{holder(self.lock_path)} already owns it (same endpoint and shm dir); "
+                "stop it first"))
+        except UnsafePathError as exc:
+            raise TableFileError(str(exc)) from exc
         try:  # the pid is for people reading the dir; hugetlbfs has no write(2), and that is fine
             os.ftruncate(self._lock_fd, 0)
             os.write(self._lock_fd, f"{os.getpid()}\n".encode())
@@ -93,6 +94,8 @@ class ShmDir:
             if owner != self.instance and self._owner_alive(owner):
                 continue
             path = os.path.join(self.directory, name)
+            if foreign_reason(path) is not None:
+                continue  # another user's file: never ours to remove
             if self.unlink(path):
                 removed.append(path)
                 log.info("removed table file %s left by a daemon that is gone", path)
@@ -104,13 +107,22 @@ class ShmDir:
         for name in os.listdir(self.directory):
             match = _TABLE_NAME.match(name)
             if match and match.group(1) == self.instance and not match.group(3):
-                found.append((int(match.group(2)), os.path.join(self.directory, name)))
+                path = os.path.join(self.directory, name)
+                why_not = foreign_reason(path)  # checked before its header is read
+                if why_not is not None:
+                    log.warning("not re-adopting %s: %s", path, why_not)
+                    continue
+                found.append((int(match.group(2)), path))
         return sorted(found, reverse=True)
 
     def unlink(self, path: str) -> bool:
         """Remove one of the files this class names; refuses any other path."""
         if os.path.dirname(path) != self.directory or not _TABLE_NAME.match(os.path.basename(path)):
             raise TableFileError(f"refusing to unlink {path}: not a table file of {self.directory}")
+        why_not = foreign_reason(path)
+        if why_not is not None:
+            log.warning("not removing %s: %s", path, why_not)
+            return False
         try:
             os.unlink(path)
             return True
@@ -120,9 +132,12 @@ class ShmDir:
     def _owner_alive(self, owner: str) -> bool:
         lock_path = os.path.join(self.directory, f"engramd-{owner}.lock")
         try:
-            fd = os.open(lock_path, os.O_RDONLY)
+            # Never follow a planted link, nor block opening a FIFO planted under a lock's name.
+            fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return False
+        except OSError:
+            return True  # not a lock we can judge: leave that owner's files alone
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
@@ -165,6 +180,23 @@ def is_hugetlbfs(path: str) -> bool:
     return fstype == "hugetlbfs"
 
 
+def _create_exclusive(path: str, mode: int) -> int:
+    """A new file at ``path``; a leftover of ours is replaced, anything else (another user's
+    file, a planted symbolic link) is refused rather than opened."""
+    for _ in range(2):
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        except FileExistsError:
+            why_not = foreign_reason(path)
+            if why_not is not None:
+                raise UnsafePathError(f"cannot create {path}: {why_not}") from None
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    raise UnsafePathError(f"cannot create {path}: something keeps re-creating it")
+
+
 @dataclass
 class TableWriter:
     """A table being written: a reserved ``.partial`` file."""
@@ -175,7 +207,7 @@ class TableWriter:
 
     def __post_init__(self) -> None:
         self.partial_path = self.final_path + ".partial"
-        self.fd = os.open(self.partial_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, self.file_mode)
+        self.fd = _create_exclusive(self.partial_path, self.file_mode)
         try:
             if self.gid is not None:
                 os.fchown(self.fd, -1, self.gid)
@@ -205,6 +237,12 @@ class TableWriter:
         done = 0
         while done < len(view):
             done += os.pwrite(self.fd, view[done:], offset + done)
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        """Bytes already written at ``offset`` (for checks before publication)."""
+        if self.map is not None:
+            return self.map[offset:offset + nbytes]
+        return os.pread(self.fd, nbytes, offset)
 
     def publish(self) -> str:
         """Mark the header complete once every byte is written, and give the file its final name."""

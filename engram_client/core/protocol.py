@@ -29,11 +29,16 @@ import msgpack
 
 from .errors import ProtocolError
 
-PROTOCOL_VERSION = (1, 2)  # 1.1 added reload and generation fields; 1.2 the status hashing field
+# 1.1 added reload and generation fields; 1.2 the status hashing field, lease secrets,
+# clients_total and the per-peer bounds
+PROTOCOL_VERSION = (1, 2)
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.
 MAX_REQUEST_BYTES = 64 * 1024
+# Replies are bounded apart: status summarizes its client list and stays far below this,
+# which only guards a client against a runaway (or hostile) peer.
+MAX_REPLY_BYTES = 16 * 1024 * 1024
 _VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})")
 OPERATIONS = ("attach", "heartbeat", "detach", "status", "stop", "reload")
 # The daemon's states as status replies and state events name them (docs/protocol.md).
@@ -45,10 +50,10 @@ def pack(message: dict[str, Any]) -> bytes:
     return msgpack.packb(message, use_bin_type=True)
 
 
-def unpack(frame: bytes) -> Any:
-    """Decode one frame; anything that is not a msgpack map raises ProtocolError."""
-    if len(frame) > MAX_REQUEST_BYTES:
-        raise ProtocolError(f"message of {len(frame)} bytes exceeds the {MAX_REQUEST_BYTES}-byte limit")
+def unpack(frame: bytes, limit: int = MAX_REQUEST_BYTES) -> Any:
+    """Decode one frame of at most ``limit`` bytes; anything that is not a msgpack map raises ProtocolError."""
+    if len(frame) > limit:
+        raise ProtocolError(f"message of {len(frame)} bytes exceeds the {limit}-byte limit")
     try:
         message = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes

@@ -191,7 +191,8 @@ def test_unknown_client(loading_daemon, op):
     ("attach", {"pid": 1, "rank": "0"}, "'rank'"),
     ("attach", {"pid": 1, "rank": False}, "'rank' .* bool"),
     ("attach", {"pid": 1, "host": 7}, "'host' must be str"),
-    ("attach", {"pid": 1, "device": "c" * 257}, "'device' is longer than 256"),
+    ("attach", {"pid": 1, "device": "c" * 65}, "'device' is longer than 64"),
+    ("attach", {"pid": 1, "host": "h" * 256}, "'host' is longer than 255"),
     ("heartbeat", {}, "'client_id' is required"),
     ("heartbeat", {"client_id": 7}, "'client_id' must be str, got int"),
     ("detach", {"client_id": None}, "'client_id' must be str, got NoneType"),
@@ -214,14 +215,19 @@ def test_handlers_on_a_loaded_table(tmp_path):
         assert attach["boot_id"] == daemon.boot_id and attach["generation"] == 1
         assert os.path.dirname(attach["table_path"]) == str(tmp_path) and os.path.exists(attach["table_path"])
         assert attach["fingerprint"] == "demo-v50-s0" and attach["lease_seconds"] == 10.0
-        client_id = attach["client_id"]
-        beat = OPERATIONS["heartbeat"].execute(daemon, {"client_id": client_id})
+        client_id, secret = attach["client_id"], attach["lease_secret"]
+        with pytest.raises(UnknownClientError):  # the public id alone is not enough
+            OPERATIONS["heartbeat"].execute(daemon, {"client_id": client_id})
+        beat = OPERATIONS["heartbeat"].execute(daemon, {"client_id": client_id, "secret": secret})
         assert beat == {"boot_id": daemon.boot_id, "generation": 1, "lease_generation": 1, "lease_seconds": 10.0}
         clients = OPERATIONS["status"].execute(daemon, {})["clients"]
         assert [(c["id"], c["rank"], c["pid"]) for c in clients] == [(client_id, 3, os.getpid())]
-        assert OPERATIONS["detach"].execute(daemon, {"client_id": client_id}) == {"detached": client_id}
         with pytest.raises(UnknownClientError):
             OPERATIONS["detach"].execute(daemon, {"client_id": client_id})
+        assert OPERATIONS["detach"].execute(daemon, {"client_id": client_id, "secret": secret}) == \
+            {"detached": client_id}
+        with pytest.raises(UnknownClientError):
+            OPERATIONS["detach"].execute(daemon, {"client_id": client_id, "secret": secret})
         assert OPERATIONS["stop"].execute(daemon, {}) == {"stopping": True, "boot_id": daemon.boot_id}
         assert daemon.stop_requested.is_set()
         daemon.shutdown()

@@ -41,7 +41,7 @@ def full_status() -> dict:
              "attached_at": 1_800_000_100.0, "last_heartbeat_age_s": 0.5},
             {"id": "c2-11", "pid": 11, "host": "node7", "rank": 0, "device": "cuda:0", "generation": 2,
              "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25}],
-        "lease_seconds": 7.5, "events_endpoint": "ipc:///run/engramd.sock.events",
+        "clients_total": 70, "lease_seconds": 7.5, "events_endpoint": "ipc:///run/engramd.sock.events",
         "hashing": {"vocab": 400, "compressed_vocab": 311, "max_ngram": 3, "pad_token_id": 2},
     }
 
@@ -53,7 +53,7 @@ def test_the_text_states_each_value():
     for needle in ("ready", "generation  2 (re-adopted", "boot-4f1c", "9.8.7", "pid 4242", "/models/r2",
                    "fp-77aa", "/dev/shm/engramd-x-g2.table", "5.0 MiB", "/dev/shm/here", "model-1.safetensors",
                    "model-2.safetensors", "layer   3: 307 rows x 256, 1 heads", "generation 3 from /models/r3: failed",
-                   "bad shard", "numa node   1", "400 token ids -> 311 compressed", "7.5 s", "ipc:///run/engramd.sock.events", "node7", "cuda:0"):
+                   "bad shard", "numa node   1", "clients     70 ", "the oldest 2 listed", "400 token ids -> 311 compressed", "7.5 s", "ipc:///run/engramd.sock.events", "node7", "cuda:0"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     assert "None" not in text, text
     lines = text.splitlines()

@@ -1,0 +1,102 @@
+"""File descriptors: as many as the process may have, and never all of them for peers.
+
+Every peer connection costs the daemon one descriptor, and libzmq aborts the whole
+process when accept(2) fails with EMFILE (``Too many open files (ipc_listener.cpp)``).
+So at start the soft RLIMIT_NOFILE is raised to the hard limit (the unit sets it with
+``LimitNOFILE``), and PeerCap keeps peers to a quarter of that, at most MAX_PEERS: a peer
+beyond it is disconnected as soon as its connection is seen.  The other three quarters
+are headroom for connections that arrive faster than the daemon can disconnect them;
+libzmq gives no way to stop accepting, so a flood outrunning that headroom would still
+abort the process, which is why the unit sets a high LimitNOFILE.
+
+PeerCap learns of connections from a ZeroMQ monitor on the listening socket (accepted
+and disconnected events carry the connection's descriptor) and disconnects an excess
+peer by shutting its socket down, which libzmq then handles as a peer that left.
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import socket
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+log = logging.getLogger("engramd.fd_limits")
+MAX_PEERS = 4096  # a node runs a few hundred clients at most
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the soft descriptor limit to the hard one; returns (soft, hard) now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+    return soft, hard
+
+
+def peer_budget(soft_limit: int) -> int:
+    """How many peers may be connected at once under ``soft_limit`` descriptors."""
+    return max(8, min(MAX_PEERS, soft_limit // 4))
+
+
+class PeerCap:
+    """Counts the connections of the listening sockets it watches (together, since they
+    share one descriptor table) and disconnects those beyond ``limit``."""
+
+    EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.monitors: list[zmq.Socket] = []
+        self.peers: set[int] = set()
+        self.refused = 0
+
+    def watch(self, sock: zmq.Socket) -> None:
+        monitor = sock.get_monitor_socket(self.EVENTS)
+        # Unbounded on our side: a dropped 'disconnected' event would leave a peer counted forever.
+        monitor.setsockopt(zmq.RCVHWM, 0)
+        self.monitors.append(monitor)
+
+    def poll(self) -> None:
+        """Take every pending event; disconnect peers past the limit."""
+        for monitor in self.monitors:
+            while True:
+                try:
+                    event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                fd = event["value"]
+                if event["event"] != zmq.EVENT_ACCEPTED:
+                    self.peers.discard(fd)
+                elif len(self.peers) >= self.limit:
+                    self._disconnect(fd)
+                else:
+                    self.peers.add(fd)
+
+    def _disconnect(self, fd: int) -> None:
+        self.refused += 1
+        if self.refused == 1 or self.refused % 1000 == 0:
+            log.warning("refusing peers: %d connected, the most the open-file limit allows (%d refused so far)",
+                        len(self.peers), self.refused)
+        try:
+            peer = socket.socket(fileno=fd)
+        except OSError:
+            return  # already gone, or no longer a socket
+        try:
+            # Only a connected stream, never a listener or a datagram socket of ours that got the number.
+            if peer.type == socket.SOCK_STREAM and not peer.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                peer.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            peer.detach()  # the descriptor is libzmq's: it closes it once it sees the shutdown
+
+    def close(self) -> None:
+        for monitor in self.monitors:
+            monitor.close(linger=0)
+        self.monitors.clear()

@@ -1,0 +1,113 @@
+"""What this daemon serves, recorded durably so a restart serves it again.
+
+After ``reload --checkpoint B`` a daemon started with ``--checkpoint A`` serves B.  If it
+then crashes and its unit restarts it with the same ``--checkpoint A``, serving A again
+would silently roll every client back.  So each time a generation is served, the daemon
+writes ``<shm dir>/engramd-<instance>.served``:
+
+    {"configured": <the --checkpoint it was started with>, "served": <what it serves>}
+
+The record exists only while it says something ``--checkpoint`` does not: serving the
+configured checkpoint again removes it, so a daemon that was never reloaded elsewhere
+leaves nothing behind.  The rule at start: if the record's ``configured`` is the ``--checkpoint`` given now, the
+record's ``served`` checkpoint is loaded (or re-adopted) instead, provided it still lies
+under a reload root; if the operator gave another ``--checkpoint``, that wins.
+
+The record is owner-only (0600), written to a fresh temporary name with O_EXCL and
+O_NOFOLLOW, fsynced and renamed into place, and read only if it is a regular file of
+the daemon's user that nobody else may write (see safe_paths).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Callable
+
+from engram_client.core.errors import EngramError
+
+from .safe_paths import UnsafePathError, foreign_reason, open_owned
+
+log = logging.getLogger("engramd.served_record")
+MAX_RECORD_BYTES = 16 * 1024
+
+
+def record_path(shm_dir: str, instance: str) -> str:
+    return os.path.join(shm_dir, f"engramd-{instance}.served")
+
+
+def read_record(path: str) -> dict | None:
+    """The record, or None if there is none or it cannot be trusted (said in the log)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        fd = open_owned(path, os.O_RDONLY, "served record")
+    except UnsafePathError as exc:
+        log.warning("ignoring %s", exc)
+        return None
+    try:
+        blob = os.read(fd, MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(blob) if len(blob) <= MAX_RECORD_BYTES else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), (str, type(None)))
+                                               for k in ("configured", "served")):
+        log.warning("ignoring %s: not a record this daemon wrote", path)
+        return None
+    return record
+
+
+def write_record(path: str, configured: str | None, served: str | None) -> None:
+    """Replace the record atomically, or remove it once what is served is --checkpoint again
+    (it then says nothing a restart would not do anyway); a failure is logged, never fatal."""
+    if served == configured:
+        if os.path.lexists(path) and foreign_reason(path) is None:
+            os.unlink(path)
+        return
+    temporary = f"{path}.tmp-{os.getpid()}"
+    blob = json.dumps({"configured": configured, "served": served}).encode()
+    try:
+        try:
+            os.unlink(temporary)  # our own leftover: the name carries our pid
+        except FileNotFoundError:
+            pass
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, blob)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temporary, path)
+        directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError as exc:
+        log.warning("could not record what is served in %s: %s; a restart would serve --checkpoint", path, exc)
+
+
+def resume_target(path: str, configured: str | None) -> str | None:
+    """The checkpoint a predecessor served after starting from ``configured``, if any."""
+    record = read_record(path)
+    if record is None or record.get("configured") != configured or record.get("served") == configured:
+        return None
+    return record.get("served")
+
+
+def resume_checkpoint(path: str, configured: str | None, allowed: Callable[[str], str]) -> str | None:
+    """The checkpoint to serve at start: ``configured`` (--checkpoint), unless the predecessor
+    started from it was reloaded onto another that ``allowed`` (the reload-root check) accepts."""
+    target = resume_target(path, configured)
+    if target is None:
+        return configured
+    try:
+        target = allowed(target)
+    except EngramError as exc:
+        log.warning("not resuming the predecessor's reload target: %s; serving %s", exc, configured)
+        return configured
+    log.info("serving %s, which the predecessor reloaded onto from --checkpoint %s (%s)", target, configured, path)
+    return target
