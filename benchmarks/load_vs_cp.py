@@ -27,7 +27,7 @@ from engram_client.core.table_file import TableHeader  # noqa: E402
 from engramd.checkpoint import read_checkpoint  # noqa: E402
 from engramd.loader import CheckpointSource, Progress, fill_table  # noqa: E402
 from engramd.synth import write_checkpoint  # noqa: E402
-from engramd.table_store import ShmDir, instance_id  # noqa: E402
+from engramd.shm_dir import ShmDir, instance_id  # noqa: E402
 
 
 def load_once(plan, shm_dir: str, threads: int) -> float:

@@ -42,7 +42,7 @@ from .load_job import LoadJob
 from .metrics import NoMetrics
 from .served_record import record_path, resume_checkpoint, write_record
 from .status_report import build_status
-from .table_store import ShmDir, instance_id
+from .shm_dir import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
 

@@ -32,7 +32,7 @@ from .generation import Generation
 from .loader import CheckpointSource, DemoSource, fill_table
 from .numa import bind_this_thread
 from .sizes import human_bytes
-from .table_store import ShmDir
+from .shm_dir import ShmDir
 from .token_map import demo_hashing, hashing_for_checkpoint
 
 log = logging.getLogger("engramd")

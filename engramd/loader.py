@@ -6,7 +6,7 @@ bytes into a per-thread buffer, then interleaved into the table) and the embedde
 demo.  Memory stays bounded by threads x chunk size, whatever the table's size:
 checkpoints are larger than RAM, so nothing is staged whole.
 
-Owns the copy; the table file's naming and publication belong to table_store.
+Owns the copy; the table file's naming and publication belong to shm_dir.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from engram_client.core.layout import LayerLayout
 from engram_client.core.table_file import TableHeader
 
 from .checkpoint import CheckpointPlan
-from .table_store import TableWriter
+from .shm_dir import TableWriter
 
 CHUNK_BYTES = 32 * 1024 * 1024
 

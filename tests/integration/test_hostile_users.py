@@ -16,7 +16,7 @@ import pytest
 
 from engram_client.connection import DaemonConnection
 from engram_client.core.errors import DaemonUnavailableError
-from engramd.table_store import instance_id
+from engramd.shm_dir import instance_id
 from other_user import other_user  # noqa: F401  (a fixture)
 
 

@@ -11,7 +11,7 @@ from engramd.checkpoint import read_checkpoint
 from engramd.checkpoint_guard import CheckpointGuard, sample_rows
 from engramd.loader import CheckpointSource, Progress, fill_table
 from engramd.synth import write_checkpoint
-from engramd.table_store import ShmDir
+from engramd.shm_dir import ShmDir
 from engram_client.core.table_file import TableHeader
 
 

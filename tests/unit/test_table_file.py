@@ -25,7 +25,7 @@ from engramd import loader
 from engramd.checkpoint import read_checkpoint
 from engramd.loader import CheckpointSource, Progress, fill_table
 from engramd.synth import synth_config, write_checkpoint
-from engramd.table_store import ShmDir, instance_id
+from engramd.shm_dir import ShmDir, instance_id
 
 MIB2 = 2 * 1024 * 1024
 FIXED = struct.Struct("<8sIIIIQ")  # the docstring's offsets 0, 8, 12, 16, 20, 24; JSON from 32

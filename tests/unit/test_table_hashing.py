@@ -18,7 +18,7 @@ from engram_client.core.layout import EngramConfig, build_layout
 from engram_client.core.table_file import ALIGN, FORMAT_VERSION, HEADER_BYTES, MAGIC, STATE_COMPLETE, TableHeader, \
     read_header
 from engramd.synth import synth_config
-from engramd.table_store import TableWriter
+from engramd.shm_dir import TableWriter
 
 FIXED = struct.Struct("<8sIIIIQ")
 
