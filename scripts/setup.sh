@@ -6,7 +6,22 @@
 # Later runs find .venv complete and say nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The C extensions are built in place at install; a source newer than a built extension
+# (a pull, a branch switch) would leave the old code running, so that rebuilds them.
+extensions_stale() {
+  local so
+  for so in engram_client/_*.so; do
+    [ -e "$so" ] || continue
+    [ -z "$(find engram_client -maxdepth 1 \( -name '*.c' -o -name '*.h' \) -newer "$so")" ] || return 0
+    [ ! setup.py -nt "$so" ] || return 0
+  done
+  return 1
+}
 if .venv/bin/python -c "import engramd, engram_client, engram_client._host_gather, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
+  if extensions_stale; then
+    echo "setup: the C sources changed since the extensions were built; rebuilding them ..." >&2
+    .venv/bin/python -m pip install -q --no-deps -e .
+  fi
   exit 0
 fi
 python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "engramd needs Python 3.11 or newer")'

@@ -69,3 +69,24 @@ def test_a_complete_venv_is_left_alone_silently(tmp_path):
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
     completeness_check = re.search(r'\.venv/bin/python -c "([^"]+)"', (ROOT / "scripts" / "setup.sh").read_text())
     assert (tmp_path / "calls").read_text().splitlines() == [f"venv-python -c {completeness_check.group(1)}"]
+
+
+def test_c_sources_newer_than_their_built_extension_are_rebuilt(tmp_path):
+    first = run_setup(tmp_path)
+    assert first.returncode == 0
+    package = tmp_path / "project" / "engram_client"
+    package.mkdir()
+    built, source = package / "_host_gather.cpython-311-x86_64-linux-gnu.so", package / "_host_gather.c"
+    built.write_bytes(b"")
+    source.write_text("/* changed */")
+    os.utime(built, (1_000_000, 1_000_000))  # built long before the source changed
+    (tmp_path / "calls").unlink()
+    again = run_setup(tmp_path, complete=True)
+    assert again.returncode == 0, again.stderr
+    assert "rebuilding" in again.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[-1] == "venv-python -m pip install -q --no-deps -e .", calls
+    os.utime(built)  # now newer than every source: left alone, silently
+    (tmp_path / "calls").unlink()
+    third = run_setup(tmp_path, complete=True)
+    assert third.stderr == "" and len((tmp_path / "calls").read_text().splitlines()) == 1
