@@ -46,8 +46,9 @@ class _Slot:
     __slots__ = ("job", "staging", "keep")
 
     def __init__(self, pool, capacity: int, row_bytes: int, stream: torch.cuda.Stream, graph: bool):
-        self.job = _host_gather.StagedJob(pool, capacity, row_bytes, graph)
         with torch.cuda.stream(stream):  # the prefetch stream owns it: reuse is stream-ordered
+            # Created with the stream's device current: the job's CUDA events belong to its context.
+            self.job = _host_gather.StagedJob(pool, capacity, row_bytes, graph)
             self.staging = torch.empty(capacity * row_bytes, dtype=torch.uint8, device=stream.device)
         self.keep = None  # a graph's host ids buffer, read at every replay
 
@@ -64,7 +65,8 @@ class HostPath:
             from .kernels.dequant_staged import StagedDequant
 
             self._raw_stream = stream.cuda_stream
-            self._dequant = StagedDequant(head_dim, row_bytes, config.out_dtype, device)
+            with torch.cuda.device(device):  # the kernel is loaded into the current device's context
+                self._dequant = StagedDequant(head_dim, row_bytes, config.out_dtype, device)
 
     # -- CPU ---------------------------------------------------------------------------------
     def gather_rows(self, table, flat: torch.Tensor) -> torch.Tensor:
@@ -83,6 +85,15 @@ class HostPath:
         host are range-checked on the way into pinned memory: a bad one raises before anything is
         enqueued.  Host time matters here: only the output's allocation, two C calls and the
         dequant launch happen per call."""
+        if torch.cuda.current_device() != self.device.index:
+            # A rank whose current device is another GPU: the driver calls, the slot's events and the
+            # dequant kernel all belong to this client's device, so make it current for the call.
+            with torch.cuda.device(self.device):
+                return self._prefetch(table, flat, shape, caller, capturing)
+        return self._prefetch(table, flat, shape, caller, capturing)
+
+    def _prefetch(self, table, flat: torch.Tensor, shape: tuple[int, ...], caller: int,
+                  capturing: bool) -> PrefetchHandle:
         n = flat.numel()
         on_host = flat.device.type == "cpu"
         if not on_host and flat.device != self.device:
