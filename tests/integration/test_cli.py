@@ -28,6 +28,7 @@ from engramd.checkpoint import read_checkpoint
 from engramd.cli import main
 from engramd.synth import synth_config, write_checkpoint
 from exactness import assert_bf16_exact
+from tmpfs_mount import mounted_tmpfs
 
 CONTRACT_FIELDS = ("state", "generation", "boot_id", "checkpoint", "table_bytes", "files", "layers", "load",
                    "clients", "error")
@@ -422,20 +423,14 @@ def test_demo_as_a_process():
 
 # -- serving from a huge=always tmpfs -------------------------------------------------------
 def test_serve_on_a_huge_always_tmpfs(daemon_factory, tmp_path):
-    mount_point = tmp_path / "huge"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256M,huge=always", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True, timeout=30)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a huge=always tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "huge", "size=256M,huge=always") as mount_point:
         with open("/proc/self/mounts") as mounts:
-            options = next(line.split()[3] for line in mounts if line.split()[1] == str(mount_point))
+            options = next(line.split()[3] for line in mounts if line.split()[1] == mount_point)
         assert "huge=always" in options, options
-        daemon = daemon_factory(shm=str(mount_point))
+        daemon = daemon_factory(shm=mount_point)
         try:
             status = daemon.wait_state("ready")
-            assert os.path.dirname(status["table_path"]) == str(mount_point)
+            assert os.path.dirname(status["table_path"]) == mount_point
             with EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30) as client:
                 for layer in client.layers:
                     table = client.table(layer)
@@ -444,6 +439,3 @@ def test_serve_on_a_huge_always_tmpfs(daemon_factory, tmp_path):
                     assert_bf16_exact(table.lookup(torch.from_numpy(ids)), *demo_rows(0, layer, ids, 256))
         finally:
             daemon.stop()  # the tmpfs cannot be unmounted while the daemon holds files there
-    finally:
-        if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from engramd.synth import write_checkpoint
+from tmpfs_mount import mounted_tmpfs
 
 PROCESS_TIMEOUT_S = 60
 AS_NOBODY = textwrap.dedent("""
@@ -47,13 +48,8 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture
 def read_only_tmpfs(tmp_path):
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "none", str(mount)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    yield str(mount)
-    subprocess.run(["umount", str(mount)], check=False)
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as mount:
+        yield mount
 
 
 def test_serve_on_a_read_only_shm_dir(read_only_tmpfs, socket_dir):

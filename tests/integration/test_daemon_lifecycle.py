@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import pytest
 
 from engram_client.core.errors import DaemonUnavailableError
 from engram_client.core.table_file import read_header
 from engramd.synth import write_checkpoint
+from tmpfs_mount import mounted_tmpfs
 
 
 def test_demo_table_serves_and_status_has_contract_fields(demo_daemon):
@@ -133,16 +133,9 @@ def test_orphan_of_another_live_daemon_is_left_alone(daemon_factory):
 
 
 def test_shm_too_small_fails_with_advice(daemon_factory, tmp_path):
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tmpfs", str(small)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        daemon = daemon_factory(shm=str(small))
+    with mounted_tmpfs(tmp_path / "small", "size=4M") as small:
+        daemon = daemon_factory(shm=small)
         status = daemon.wait_state("failed")
         assert "--shm-size" in status["error"] and "needs" in status["error"]
         assert daemon.table_files() == []
         daemon.stop()
-    finally:
-        subprocess.run(["umount", str(small)], check=False)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from engramd.shm_check import inspect_shm_dir
+from tmpfs_mount import mounted_tmpfs
 
 PROCESS_TIMEOUT_S = 60
 
@@ -52,15 +53,8 @@ def test_the_log_says_which_pages_the_table_gets(demo_daemon):
 
 
 def test_a_huge_always_tmpfs_gives_huge_pages(tmp_path):
-    mount = tmp_path / "huge"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=always,size=64m", "none", str(mount)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a huge=always tmpfs here")
-    try:
-        found = inspect_shm_dir(str(mount))
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
+    with mounted_tmpfs(tmp_path / "huge", "huge=always,size=64m") as mount:
+        found = inspect_shm_dir(mount)
     assert found.kind == "tmpfs" and found.in_memory
     assert found.page_size >= 2 * 2**20
     assert "MiB pages" in found.describe()
