@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
@@ -45,7 +44,9 @@ from engram_client.connection import DaemonConnection
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE, demo_config, demo_rows
 from engram_client.core.errors import EngramError
 from engram_client.core.layout import LayerLayout, build_layout
+from engram_client.readiness import wait_ready
 from engram_client.reference import reference_bf16_bits
+from engram_client.tools.serve_process import launch_serve
 
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -173,23 +174,12 @@ class ReferenceTable:
 
 def _wait_ready(endpoint: str, daemon: subprocess.Popen) -> dict:
     connection = DaemonConnection(endpoint)
-    deadline = time.monotonic() + READY_TIMEOUT_S
     try:
-        while time.monotonic() < deadline:
-            if daemon.poll() is not None:
-                raise SystemExit(f"engramd exited with code {daemon.returncode} before its table was ready")
-            try:
-                status = connection.request("status", timeout=1.0)
-            except EngramError:
-                status = None
-            if status is not None and status["state"] == "ready":
-                return status
-            if status is not None and status["state"] == "failed":
-                raise SystemExit(f"engramd failed to load its demo table: {status['error']}")
-            time.sleep(0.1)
+        return wait_ready(connection, READY_TIMEOUT_S, daemon=daemon)
+    except EngramError as exc:  # not ready in time, failed to load, or the daemon exited
+        raise SystemExit(f"engramd's demo table is not being served: {exc}") from exc
     finally:
         connection.close()
-    raise SystemExit(f"engramd's demo table was not ready within {READY_TIMEOUT_S:.0f} s")
 
 
 @contextlib.contextmanager
@@ -200,9 +190,8 @@ def demo_daemon():
     endpoint = f"ipc://{socket_dir}/engramd.sock"
     daemon = None
     try:
-        daemon = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint,
-                                   "--shm-dir", shm_dir, "--demo-vocab-size", str(DEMO_VOCAB_SIZE),
-                                   "--demo-seed", str(DEMO_SEED), "--no-progress", "--log-level", "warning"])
+        daemon = launch_serve(endpoint, shm_dir, "--demo-vocab-size", str(DEMO_VOCAB_SIZE), "--demo-seed",
+                              str(DEMO_SEED), allow_disk=not os.path.isdir("/dev/shm"))  # no tmpfs: a temp dir
         status = _wait_ready(endpoint, daemon)
         print(f"engramd ready: demo table {status['table_bytes'] / 2**20:.1f} MiB in {shm_dir}, "
               f"layers {[layer['layer'] for layer in status['layers']]}")
