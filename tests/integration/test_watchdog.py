@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
+
+from engram_client.tools.serve_process import launch_serve
 
 
 def test_watchdog_pings_arrive_while_the_loop_turns(socket_dir, shm_dir):
@@ -13,10 +14,8 @@ def test_watchdog_pings_arrive_while_the_loop_turns(socket_dir, shm_dir):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(notify_path)
     listener.settimeout(30)
-    proc = subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", f"ipc://{socket_dir}/e.sock",
-                             "--shm-dir", shm_dir, "--no-progress"],
-                            env=dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="400000"),
-                            stderr=subprocess.DEVNULL)
+    proc = launch_serve(f"ipc://{socket_dir}/e.sock", shm_dir, output=subprocess.DEVNULL,
+                        env=dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="400000"))
     try:
         pings, started = [], time.monotonic()
         while len(pings) < 3:
