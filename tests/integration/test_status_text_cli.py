@@ -1,4 +1,5 @@
-"""`engramd status` (text) after a reload, with clients on both generations and one without a rank; and after a failed load."""
+"""`engramd status` (text) after a reload, with clients on both generations and one without a rank;
+and after a failed load."""
 from __future__ import annotations
 
 import re
