@@ -20,15 +20,15 @@ from engram_client.readiness import wait_ready
 
 from . import __version__, reach
 from .cli_errors import EXIT_UNREACHABLE, MappedGroup, describe_os_error, fail
+from .extras import missing_for
 from .sizes import human_bytes
 
 
-def _require_client_extra(command: str) -> None:
-    """The rank-side commands need torch, which a daemon-only install does not carry."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        fail(f"engramd {command} needs torch: install the client extra (pip install 'engramd[client]')")
+def require_extra(command: str, modules: list[str] | None = None) -> None:
+    """End ``command`` with its one line (extras.py) before it does anything, if a package it needs is missing."""
+    missing = missing_for(command, modules)
+    if missing is not None:
+        fail(missing)
 
 
 socket_option = click.option("--socket", "endpoint", default=None, metavar="ENDPOINT",
@@ -143,6 +143,7 @@ def _int_list(_ctx: click.Context, _param: click.Parameter, value: str) -> list[
 def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads: int, head_dim: int, seed: int,
           shards: int, tokenizer_vocab: int, force: bool) -> None:
     """Write a synthetic checkpoint in DeepSeek-V4.1's Engram layout into an empty or new directory."""
+    require_extra("synth")  # before anything is written
     from .synth import write_checkpoint
     from .synth_target import prepare_outdir
 
@@ -159,13 +160,14 @@ def synth(outdir: str, vocab_size: int, layers: list[int], max_ngram: int, heads
 
 
 @main.command()
-@click.option("--ranks", default=None, type=int, help="Rank processes [default: one per GPU, else 2 CPU ranks].")
+@click.option("--ranks", default=None, type=click.IntRange(min=1),
+              help="Rank processes [default: one per GPU, else 2 CPU ranks].")
 @click.option("--device", "device_kind", default="auto", type=click.Choice(["auto", "cpu", "cuda"]), show_default=True)
-@click.option("--lookups", default=20, show_default=True, type=int, help="Lookups per rank.")
-@click.option("--ids-per-lookup", default=4096, show_default=True, type=int)
+@click.option("--lookups", default=20, show_default=True, type=click.IntRange(min=1), help="Lookups per rank.")
+@click.option("--ids-per-lookup", default=4096, show_default=True, type=click.IntRange(min=1))
 def demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int) -> None:
     """The main job: a daemon on the demo table, ranks that attach, look up and verify, then a clean stop."""
-    _require_client_extra("demo")
+    require_extra("demo")
     from engram_client.tools.demo_job import run_demo
 
     sys.exit(run_demo(ranks, device_kind, lookups, ids_per_lookup))
@@ -210,13 +212,14 @@ def keys(directory: str, force: bool) -> None:
 def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: str, load_threads: int,
           overlap_steps: int, max_programs: str, hot_cache_gib: float, json_path: str | None, markdown: bool) -> None:
     """Lookup speed on the GPU: plain copy vs naive index_select vs both lookup paths (needs CUDA)."""
-    _require_client_extra("bench")
+    require_extra("bench")
     import torch
-
-    from engram_client.tools.bench import main as run, print_results
 
     if not torch.cuda.is_available():
         fail("engramd bench needs a CUDA device")
+    require_extra("bench", ["triton"])
+    from engram_client.tools.bench import main as run, print_results
+
     from engram_client.client import default_max_programs
 
     caps = [default_max_programs(torch.device("cuda", 0)) if c.strip() == "default" else (int(c) or None)

@@ -34,11 +34,15 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
-        if not self.endpoint.startswith(("ipc://", "tcp://", "inproc://")):
-            raise ConfigError(f"endpoint {self.endpoint!r} must start with ipc://, tcp:// or inproc://")
-        if self.endpoint.startswith("tcp://"):
-            # Unauthenticated TCP would let anyone on the network stop the daemon.
-            raise ConfigError(f"endpoint {self.endpoint!r}: TCP endpoints are refused; use an ipc:// path")
+        if not self.endpoint.startswith("ipc://"):
+            # Unauthenticated TCP would let anyone on the network stop the daemon; inproc:// is
+            # reachable only from inside the daemon's own process.
+            why = {"tcp://": "TCP endpoints are refused (status alone is served over TCP, with CURVE: --remote-status)",
+                   "inproc://": "inproc:// reaches only the daemon's own process"}
+            reason = next((text for scheme, text in why.items() if self.endpoint.startswith(scheme)), None)
+            raise ConfigError(f"--socket {self.endpoint!r}: engramd serves requests only on an ipc:// endpoint "
+                              f"(a Unix socket path, e.g. ipc:///run/engramd/engramd.sock)"
+                              + (f"; {reason}" if reason else ""))
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"--metrics-port must be 1..65535, got {self.metrics_port}")
         if self.numa_node is not None:
@@ -56,8 +60,8 @@ class ServeConfig:
                 except KeyError as exc:
                     raise ConfigError(f"--group {self.group}: no such group") from exc
         self.events_endpoint = self.events_endpoint or pub_endpoint_for(self.endpoint)
-        if not self.events_endpoint.startswith(("ipc://", "inproc://")):
-            raise ConfigError(f"events endpoint {self.events_endpoint!r}: only ipc:// endpoints are served")
+        if not self.events_endpoint.startswith("ipc://"):
+            raise ConfigError(f"--events-socket {self.events_endpoint!r}: only ipc:// endpoints are served")
         if self.checkpoint is not None and not self.checkpoint.strip():
             # An unset variable in a unit's command line; abspath("") would quietly be the cwd.
             raise ConfigError("--checkpoint is empty; give a checkpoint directory, or none for the demo table")
@@ -78,6 +82,7 @@ class ServeConfig:
         if not 0.5 <= self.lease_seconds <= 3600:
             raise ConfigError(f"--lease-seconds must be 0.5..3600, got {self.lease_seconds}")
         if self.max_load_rate is not None and self.max_load_rate <= 0:
-            raise ConfigError(f"--max-load-rate must be positive, got {self.max_load_rate}")
+            # Given in MB/s on the command line and in settings; said back the same way.
+            raise ConfigError(f"--max-load-rate must be positive, got {self.max_load_rate / 1e6:g} MB/s")
         if self.demo_vocab_size < 1:
             raise ConfigError(f"--demo-vocab-size must be positive, got {self.demo_vocab_size}")

@@ -47,6 +47,30 @@ from .shm_dir import ShmDir, instance_id
 log = logging.getLogger("engramd")
 
 
+def allowed_checkpoint(checkpoint: str, reload_roots: list[str]) -> str:
+    """Only directories under the configured reload roots may be read."""
+    real = os.path.realpath(checkpoint)
+    for root in reload_roots:
+        root = os.path.realpath(root)
+        if real == root or real.startswith(root.rstrip("/") + "/"):
+            if not os.path.isdir(real):
+                raise ProtocolError(f"reload checkpoint {checkpoint}: no such directory")
+            return real
+    allowed = ", ".join(reload_roots) or "none configured (--reload-root)"
+    raise ProtocolError(f"reload checkpoint {checkpoint} is outside the reload roots ({allowed})")
+
+
+def served_record_path(config: ServeConfig) -> str:
+    return record_path(os.path.abspath(config.shm_dir), instance_id(config.endpoint))
+
+
+def first_checkpoint(config: ServeConfig) -> tuple[str | None, str | None]:
+    """What a daemon started with ``config`` loads first, and why where that is not --checkpoint
+    (the daemon's start and ``serve --print-config`` both ask here)."""
+    return resume_checkpoint(served_record_path(config), config.checkpoint,
+                             lambda checkpoint: allowed_checkpoint(checkpoint, config.reload_roots))
+
+
 class Daemon:
     def __init__(self, config: ServeConfig, on_state_change: Callable[[str], None] | None = None, metrics=None):
         self.config = config
@@ -66,7 +90,7 @@ class Daemon:
         self._on_state_change = on_state_change or (lambda state: None)
         self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if config.gid is not None else 0o600,
                           config.gid)
-        self._served_record = record_path(self.shm.directory, self.shm.instance)
+        self._served_record = served_record_path(config)
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
         self._snapshot: dict[str, Any] = {}
@@ -116,7 +140,13 @@ class Daemon:
 
     def start_load(self) -> None:
         """The first load of this process: re-adopt a predecessor's table, or load afresh."""
-        checkpoint = resume_checkpoint(self._served_record, self.config.checkpoint, self._allowed_checkpoint)
+        checkpoint, why = first_checkpoint(self.config)
+        if why is not None:  # a record the operator may not know of decided (or tried to): say so where they look
+            configured = f"--checkpoint {self.config.checkpoint}" if self.config.checkpoint else "the demo table"
+            if checkpoint == self.config.checkpoint:
+                log.warning("serving %s: %s", configured, why)
+            else:
+                log.warning("serving %s, not %s: %s", checkpoint, configured, why)
         self._begin(Generation(self._next_number(), checkpoint), first=True)
 
     def _next_number(self) -> int:
@@ -171,16 +201,7 @@ class Daemon:
         return {"generation": generation.number, "checkpoint": source or "<demo>"}
 
     def _allowed_checkpoint(self, checkpoint: str) -> str:
-        """Only directories under the configured reload roots may be read."""
-        real = os.path.realpath(checkpoint)
-        for root in self.config.reload_roots:
-            root = os.path.realpath(root)
-            if real == root or real.startswith(root.rstrip("/") + "/"):
-                if not os.path.isdir(real):
-                    raise ProtocolError(f"reload checkpoint {checkpoint}: no such directory")
-                return real
-        allowed = ", ".join(self.config.reload_roots) or "none configured (--reload-root)"
-        raise ProtocolError(f"reload checkpoint {checkpoint} is outside the reload roots ({allowed})")
+        return allowed_checkpoint(checkpoint, self.config.reload_roots)
 
     # -- housekeeping (server thread) ------------------------------------------------------
     def housekeeping(self) -> None:

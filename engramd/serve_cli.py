@@ -9,7 +9,7 @@ import click
 
 from engram_client.core.errors import EngramError
 
-from .settings import SETTINGS, config_option, describe, serve_config
+from .settings import SETTINGS, attributed, config_option, describe, serve_config
 
 if TYPE_CHECKING:
     from .config import ServeConfig
@@ -23,15 +23,17 @@ def _with_settings(fn: Callable[..., None]) -> Callable[..., None]:
     return fn
 
 
-def _resolved(values: dict[str, Any], config: "ServeConfig") -> dict[str, Any]:
-    """The settings whose value the daemon turns into something else (a default endpoint, an absolute path)."""
+def _resolved(values: dict[str, Any], config: "ServeConfig", checkpoint: str | None) -> dict[str, Any]:
+    """The settings whose value the daemon turns into something else (a default endpoint, an absolute
+    path, the checkpoint it will serve)."""
     made = {"socket": config.endpoint, "events_socket": config.events_endpoint, "shm_dir": config.shm_dir,
-            "checkpoint": config.checkpoint, "reload_root": list(config.reload_roots)}
+            "checkpoint": checkpoint, "reload_root": list(config.reload_roots)}
     given = {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
     return {name: value for name, value in made.items() if value not in (None, []) and value != given[name]}
 
 
 def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
+    from .daemon import first_checkpoint
     from .shm_check import check_shm_dir
 
     try:
@@ -39,9 +41,10 @@ def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
         check_shm_dir(config.shm_dir, values["allow_disk"])
     except EngramError as exc:
         click.echo(describe(ctx, values))
-        click.echo(f"# refused as it stands: {exc}")
+        click.echo(f"# refused as it stands: {attributed(ctx, str(exc))}")
         return
-    click.echo(describe(ctx, values, _resolved(values, config)))
+    checkpoint, why = first_checkpoint(config)  # what a start now would serve: a recorded reload target wins
+    click.echo(describe(ctx, values, _resolved(values, config, checkpoint), {"checkpoint": why} if why else None))
 
 
 @click.command()
@@ -67,7 +70,7 @@ def serve(ctx: click.Context, config_file: str | None, print_config: bool, **val
         shm = check_shm_dir(config.shm_dir, values["allow_disk"])
         server = Server(config)
     except EngramError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {attributed(ctx, str(exc))}", err=True)
         sys.exit(1)
     (log.info if shm.in_memory else log.warning)(shm.describe())
     sys.exit(server.serve_forever())

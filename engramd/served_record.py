@@ -98,16 +98,19 @@ def resume_target(path: str, configured: str | None) -> str | None:
     return record.get("served")
 
 
-def resume_checkpoint(path: str, configured: str | None, allowed: Callable[[str], str]) -> str | None:
-    """The checkpoint to serve at start: ``configured`` (--checkpoint), unless the predecessor
-    started from it was reloaded onto another that ``allowed`` (the reload-root check) accepts."""
+def resume_checkpoint(path: str, configured: str | None,
+                      allowed: Callable[[str], str]) -> tuple[str | None, str | None]:
+    """The checkpoint to serve at start, and why it is not simply ``configured`` (--checkpoint;
+    None: nothing to say): the predecessor started from it was reloaded onto another, which is
+    served if ``allowed`` (the reload-root check) accepts it.  The daemon logs the why;
+    ``--print-config`` prints it."""
     target = resume_target(path, configured)
     if target is None:
-        return configured
+        return configured, None
     try:
         target = allowed(target)
     except EngramError as exc:
-        log.warning("not resuming the predecessor's reload target: %s; serving %s", exc, configured)
-        return configured
-    log.info("serving %s, which the predecessor reloaded onto from --checkpoint %s (%s)", target, configured, path)
-    return target
+        return configured, f"the reload target {target} recorded in {path} is not resumed: {exc}"
+    started = f"--checkpoint {configured}" if configured else "the demo table (no --checkpoint)"
+    back = f"; `engramd reload --checkpoint {configured}` goes back to it" if configured else ""
+    return target, f"a daemon started from {started} was reloaded onto it ({path}){back}"

@@ -8,13 +8,15 @@ Precedence, highest first (one rule for every setting):
     4. the built-in default
 
 A TOML key this table does not know is an error, never ignored.  ``--print-config``
-shows the effective value of each setting and where it came from.  Defaults are
+shows the effective value of each setting and where it came from, and an error about a
+setting names it where the operator set it: the flag, the variable, or the file and key.  Defaults are
 ServeConfig's, and ``serve_config`` turns the effective values into a ServeConfig:
 a setting is added here (and to ServeConfig, if the daemon uses it) and nowhere else.
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tomllib
 from dataclasses import dataclass, fields
@@ -28,6 +30,25 @@ from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from .config import ServeConfig
 
 DEFAULTS = {f.name: f.default for f in fields(ServeConfig) if f.init}
+CONFIG_FILE = "engramd.config_file"  # ctx.meta key: the TOML file read, for errors about its keys
+
+
+def origin(ctx: click.Context | None, name: str) -> str | None:
+    """Where the operator set ``name``, in words an error can start with; None for the flag or the default."""
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    if source is ParameterSource.ENVIRONMENT:
+        return BY_NAME[name].envvar
+    if source is ParameterSource.DEFAULT_MAP:
+        return f"{name} in {ctx.meta.get(CONFIG_FILE, 'the --config file')}"
+    return None
+
+
+class SettingOption(click.Option):
+    """A setting's option: a bad value is named where it was set (click names the flag and
+    the variable whatever the source, so a bad TOML value read as a bad environment variable)."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        return origin(ctx, self.name) or f"'{self.opts[0]}'"
 
 
 @dataclass(frozen=True)
@@ -48,9 +69,9 @@ class Setting:
 
     def option(self):
         flag = self.flag or "--" + self.name.replace("_", "-")
-        return click.option(flag, self.name, type=self.type, default=self.default, multiple=self.multiple,
-                            envvar=self.envvar, show_envvar=True, show_default=self.default not in (None, ()),
-                            metavar=self.metavar, help=self.help)
+        return click.option(flag, self.name, cls=SettingOption, type=self.type, default=self.default,
+                            multiple=self.multiple, envvar=self.envvar, show_envvar=True,
+                            show_default=self.default not in (None, ()), metavar=self.metavar, help=self.help)
 
 
 PATH = click.Path(file_okay=False)
@@ -94,26 +115,45 @@ SETTINGS = [
     Setting("log_format", click.Choice(["text", "json"]), "text", "Human-readable lines, or one JSON object per line."),
 ]
 BY_NAME = {setting.name: setting for setting in SETTINGS}
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+
+
+def attributed(ctx: click.Context, message: str) -> str:
+    """A refusal that names a setting by its flag (ServeConfig's, the shm dir check's), reworded
+    for a value set elsewhere: ``ENGRAMD_LOAD_THREADS must be ...``, ``FILE: load_threads must be ...``."""
+    for match in _FLAG.finditer(message):
+        name = match.group(0)[2:].replace("-", "_")
+        if name not in BY_NAME:
+            continue
+        source = ctx.get_parameter_source(name)
+        if source is ParameterSource.ENVIRONMENT:
+            return message[:match.start()] + BY_NAME[name].envvar + message[match.end():]
+        if source is ParameterSource.DEFAULT_MAP:
+            return f"{ctx.meta.get(CONFIG_FILE)}: " + message[:match.start()] + name + message[match.end():]
+        return message
+    return message
 
 
 def load_toml(ctx: click.Context, _param, path: str | None) -> str | None:
-    """Eager --config callback: the file's values become click's defaults (below env and flags)."""
+    """Eager --config callback: the file's values become click's defaults (below env and flags).
+    Its errors name the file (and the key), as UsageErrors: one line, not blamed on $ENGRAMD_CONFIG."""
     if not path:
         return path
     try:
         with open(path, "rb") as f:
             values = tomllib.load(f)
     except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror}") from exc
+        raise click.UsageError(f"cannot read the config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise click.BadParameter(f"{path} is not valid TOML: {exc}") from exc
+        raise click.UsageError(f"{path} is not valid TOML: {exc}") from exc
     unknown = sorted(set(values) - set(BY_NAME))
     if unknown:
-        raise click.BadParameter(f"{path}: unknown settings {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+        raise click.UsageError(f"{path}: unknown settings {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
     for name, value in values.items():
         if BY_NAME[name].multiple and not isinstance(value, list):
-            raise click.BadParameter(f"{path}: {name} must be a list")
+            raise click.UsageError(f"{path}: {name} must be a list")
     ctx.default_map = {**(ctx.default_map or {}), **values}
+    ctx.meta[CONFIG_FILE] = path
     return path
 
 
@@ -127,9 +167,11 @@ SOURCES = {ParameterSource.COMMANDLINE: "command line", ParameterSource.ENVIRONM
            ParameterSource.DEFAULT_MAP: "config file", ParameterSource.DEFAULT: "default"}
 
 
-def describe(ctx: click.Context, values: dict[str, Any], resolved: dict[str, Any] | None = None) -> str:
+def describe(ctx: click.Context, values: dict[str, Any], resolved: dict[str, Any] | None = None,
+             notes: dict[str, str] | None = None) -> str:
     """The effective settings as TOML, each with where its value came from; ``resolved`` holds
-    what the daemon makes of a value (absolute paths, the default endpoint) where that differs."""
+    what the daemon makes of a value (absolute paths, the default endpoint, the checkpoint it
+    will serve) where that differs, ``notes`` why, where the reason is not plain."""
     lines = []
     for setting in SETTINGS:
         value = values[setting.name]
@@ -141,6 +183,8 @@ def describe(ctx: click.Context, values: dict[str, Any], resolved: dict[str, Any
                                                                               else value)
             source += f"; resolved from {given}"
             value = resolved[setting.name]
+        if notes and setting.name in notes:
+            source += f": {notes[setting.name]}"
         if value is None or value == ():
             lines.append(f"# {setting.name} = (unset)  # {source}")
         else:

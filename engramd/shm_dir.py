@@ -156,7 +156,8 @@ class ShmDir:
                 f"shm dir {self.directory} has {_gib(free)} free but the table needs {_gib(nbytes)} "
                 f"({nbytes} bytes). Give it more, with room for a reload's second generation beside the first: "
                 f"in Docker, --shm-size={-(-2 * nbytes // 2**30) + 1}g or --ipc=host; "
-                f"in Kubernetes, a bigger memory-backed emptyDir; otherwise remount the tmpfs larger "
+                f"in Kubernetes, a larger /dev/shm on the node or a tmpfs of its own there, as the table's hostPath "
+                f"(deploy/kubernetes/README.md); otherwise remount the tmpfs larger "
                 f"(mount -o remount,size=... {self.directory}) or point --shm-dir at a bigger tmpfs or hugetlbfs")
 
     def create(self, header: TableHeader) -> "TableWriter":

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from engram_client.core.protocol import LOADING, READY
+from engram_client.core.protocol import FAILED, LOADING, READY
 
 from .progress import render
 from .sizes import human_bytes
@@ -60,6 +60,17 @@ def _client_line(client: dict[str, Any], served: int) -> str:
             f"{rank:<8} {on}  attached {_clock(client.get('attached_at'))}, {heartbeat}")
 
 
+def _files_line(status: dict[str, Any]) -> str:
+    files = status.get("files") or []
+    if files:
+        return ", ".join(files)
+    if status["checkpoint"] == "<demo>":
+        return "none (the embedded demo table)"
+    if status["state"] == LOADING:
+        return "none read yet"
+    return "none read" + (" (the load failed before it read any)" if status["state"] == FAILED else "")
+
+
 def render_status(status: dict[str, Any]) -> list[str]:
     """The status object as lines of text, every field included."""
     served = status["generation"]
@@ -70,8 +81,7 @@ def render_status(status: dict[str, Any]) -> list[str]:
                  f"started {_clock(status.get('started_at'))}")
     lines.append(f"checkpoint  {status['checkpoint']}" +
                  (f"  (fingerprint {status['fingerprint']})" if status.get("fingerprint") else ""))
-    files = status.get("files") or []
-    lines.append("files       " + (", ".join(files) if files else "none (the embedded demo table)"))
+    lines.append("files       " + _files_line(status))
     lines.append(f"table       {human_bytes(status['table_bytes'])}  "
                  f"{status.get('table_path') or 'no complete file yet'}  (shm dir {status.get('shm_dir')})")
     for layer in status["layers"]:

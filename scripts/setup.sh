@@ -5,7 +5,7 @@
 # Installing compiles the C extensions (gcc); an existing .venv that lacks one is refreshed.
 # Later runs find .venv complete and say nothing.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."  # the clone, from any directory and through a link
 # The C extensions are built in place at install; a source newer than a built extension
 # (a pull, a branch switch) would leave the old code running, so that rebuilds them.
 extensions_stale() {

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -18,7 +17,7 @@ import click
 from engram_client.connection import DaemonConnection
 from engram_client.core.errors import EngramError
 from engram_client.readiness import wait_ready
-from engram_client.tools.serve_process import launch_serve
+from engram_client.tools.serve_process import CHILD_PYTHON, launch_serve
 from engramd.sizes import human_bytes
 from engramd.status_text import print_status
 
@@ -45,6 +44,10 @@ def _wait_ready(connection: DaemonConnection, daemon: subprocess.Popen) -> dict:
 
 
 def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int) -> int:
+    # A demo with nothing to check must not pass: the command line refuses these too.
+    for name, value in (("--ranks", ranks), ("--lookups", lookups), ("--ids-per-lookup", ids_per_lookup)):
+        if value is not None and value < 1:
+            raise click.ClickException(f"{name} must be at least 1, got {value}")
     devices = _devices(ranks, device_kind)
     socket_dir = tempfile.mkdtemp(prefix="engramd-demo-")
     shm_dir = tempfile.mkdtemp(prefix="engramd-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -61,7 +64,7 @@ def run_demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: 
                    f"{time.monotonic() - spawned:.2f} s")
         for rank, device in enumerate(devices):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "engram_client.tools.demo_rank", "--socket", endpoint, "--rank", str(rank),
+                [*CHILD_PYTHON, "-m", "engram_client.tools.demo_rank", "--socket", endpoint, "--rank", str(rank),
                  "--device", device, "--lookups", str(lookups), "--ids", str(ids_per_lookup)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         reports = []

@@ -1,6 +1,11 @@
 """Starting ``engramd serve`` as a child process: the one launcher the demo, the benchmarks and the tests use.
 
 Torch-free; the caller owns the process and must stop it (``stop`` request, then wait).
+
+Children run this interpreter with ``-P``: ``python -m engramd`` would otherwise put the
+current directory first on ``sys.path``, and run from a clone's parent directory (which
+holds the clone, ``engramd/``) or from any directory holding an ``engramd/`` or
+``engram_client/`` folder, it would import that folder instead of the installed package.
 """
 from __future__ import annotations
 
@@ -8,12 +13,15 @@ import subprocess
 import sys
 from typing import IO
 
+# The interpreter and flags every child the tools start runs with: nothing from the cwd on sys.path.
+CHILD_PYTHON = (sys.executable, "-P")
+
 
 def serve_command(endpoint: str, shm_dir: str, *extra: str, log_level: str = "warning",
                   allow_disk: bool = False) -> list[str]:
     """The argv of ``engramd serve`` on ``endpoint`` with its table files in ``shm_dir``
     (``allow_disk``: a temporary directory where the machine has no /dev/shm)."""
-    return [sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
+    return [*CHILD_PYTHON, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
             "--no-progress", "--log-level", log_level, *(["--allow-disk"] if allow_disk else []), *extra]
 
 

@@ -137,5 +137,7 @@ def test_shm_too_small_fails_with_advice(daemon_factory, tmp_path):
         daemon = daemon_factory(shm=small)
         status = daemon.wait_state("failed")
         assert "--shm-size" in status["error"] and "needs" in status["error"]
+        # deploy/kubernetes/README.md rules an emptyDir out (no other pod can mount it): never advise one
+        assert "emptyDir" not in status["error"] and "hostPath" in status["error"], status["error"]
         assert daemon.table_files() == []
         daemon.stop()
