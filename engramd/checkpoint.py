@@ -3,7 +3,15 @@
 Owns everything about where a layer's tensors live on disk: the single-file and
 sharded (``model.safetensors.index.json``) forms, header parsing and every check
 that the bytes a load will copy are really there.  It reads headers only, never
-tensor data, so ``engramd inspect`` works on a checkpoint far larger than RAM.
+tensor data, so ``engramd inspect`` works on a checkpoint far larger than RAM.  Every
+file is opened through checkpoint_files.py: regular files under the checkpoint's root only.
+
+The fingerprint names what a table was loaded from: the layout, and for each tensor its
+name, its shard's name, size, mtime, inode and ctime, and where it lies.  A restart
+re-adopts a table only if the fingerprint is unchanged, so a shard rewritten in place with
+its mtime restored (``cp -p``, ``rsync -t``, ``touch -r``) still differs by ctime, which only
+the kernel sets, and one replaced by another file by inode.  The device number is left
+out: an overlay or a remount gives the same file another one.
 
 Tensors, with or without a ``model.`` prefix:
     layers.{L}.engram.embed.weight   F8_E4M3  [rows, head_dim]
@@ -18,8 +26,10 @@ import os
 import struct
 from dataclasses import dataclass
 
-from engram_client.core.errors import CheckpointError
+from engram_client.core.errors import CheckpointError, LayoutError
 from engram_client.core.layout import EngramConfig, LayerLayout, build_layout
+
+from .checkpoint_files import MAX_JSON_BYTES, default_root, open_inside, read_inside
 
 INDEX_NAME = "model.safetensors.index.json"
 # Real headers are a few MiB at most; a larger length field means a damaged file.
@@ -51,6 +61,7 @@ class CheckpointPlan:
     layers: tuple[LayerSource, ...]
     files: tuple[str, ...]
     fingerprint: str
+    root: str  # every file read lies under it (checkpoint_files.py)
 
     @property
     def layouts(self) -> list[LayerLayout]:
@@ -65,16 +76,20 @@ class CheckpointPlan:
 class _FileHeader:
     path: str
     size: int
-    mtime_ns: int
+    identity: tuple[int, int, int]  # mtime_ns, inode, ctime_ns: see the fingerprint above
     data_start: int
     entries: dict
 
 
-def _read_file_header(path: str) -> _FileHeader:
+def _read_file_header(path: str, root: str) -> _FileHeader:
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            mtime_ns = os.fstat(f.fileno()).st_mtime_ns
+        fd = open_inside(path, root)
+    except ValueError as exc:  # a name with a NUL or an unencodable character: never a file
+        raise CheckpointError(f"{path!r}: not a usable file name: {exc}") from exc
+    try:
+        with open(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            size = info.st_size
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
@@ -84,25 +99,42 @@ def _read_file_header(path: str) -> _FileHeader:
             blob = f.read(length)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from exc
-    except ValueError as exc:  # a name with a NUL or an unencodable character: never a file
-        raise CheckpointError(f"{path!r}: not a usable file name: {exc}") from exc
     try:
         entries = json.loads(blob)
     except (ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path}: header is not valid JSON: {type(exc).__name__}: {exc}") from exc
     if not isinstance(entries, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
-    return _FileHeader(path, size, mtime_ns, 8 + length, entries)
+    return _FileHeader(path, size, (info.st_mtime_ns, info.st_ino, info.st_ctime_ns), 8 + length, entries)
 
 
-def _tensor_files(directory: str) -> dict[str, str] | list[str]:
+def _read_json(path: str, root: str):
+    return json.loads(read_inside(path, root, MAX_JSON_BYTES))
+
+
+def read_config(directory: str, root: str) -> EngramConfig:
+    """The checkpoint's config.json, read as every other checkpoint file is."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.lexists(path):
+        raise LayoutError(f"{path}: config.json not found")
+    try:
+        raw = _read_json(path, root)
+    except CheckpointError as exc:
+        raise LayoutError(str(exc)) from exc
+    except (ValueError, RecursionError) as exc:
+        raise LayoutError(f"{path}: cannot read config: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise LayoutError(f"{path}: config must be a JSON object")
+    return EngramConfig.from_dict(raw, source=path)
+
+
+def _tensor_files(directory: str, root: str) -> dict[str, str] | list[str]:
     """Either the index's tensor -> file map, or the one .safetensors file's path."""
     index_path = os.path.join(directory, INDEX_NAME)
-    if os.path.exists(index_path):
+    if os.path.lexists(index_path):
         try:
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            weight_map = _read_json(index_path, root)["weight_map"]
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CheckpointError(f"{index_path}: cannot read weight_map: {type(exc).__name__}: {exc}") from exc
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index_path}: weight_map is not an object")
@@ -117,14 +149,15 @@ def _tensor_files(directory: str) -> dict[str, str] | list[str]:
 class _Finder:
     """Looks tensors up by name, opening each shard's header at most once."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, root: str):
         self.directory = directory
-        self.files = _tensor_files(directory)
+        self.root = root
+        self.files = _tensor_files(directory, root)
         self.headers: dict[str, _FileHeader] = {}
 
     def header(self, path: str) -> _FileHeader:
         if path not in self.headers:
-            self.headers[path] = _read_file_header(path)
+            self.headers[path] = _read_file_header(path, self.root)
         return self.headers[path]
 
     def find(self, bare_name: str) -> tuple[str, _FileHeader]:
@@ -177,14 +210,18 @@ def _locate(finder: _Finder, bare_name: str, dtype: str, shape: list[int]) -> tu
     return TensorSource(name, header.path, header.data_start + begin, nbytes), header
 
 
-def read_checkpoint(directory: str) -> CheckpointPlan:
-    """Validate a checkpoint from its config and headers; raise CheckpointError/LayoutError."""
+def read_checkpoint(directory: str, root: str | None = None) -> CheckpointPlan:
+    """Validate a checkpoint from its config and headers; raise CheckpointError/LayoutError.
+
+    ``root``: what its files must lie under (default: as ``serve --checkpoint`` without
+    --reload-root, the directory's parent)."""
     directory = os.path.abspath(directory)
     if not os.path.isdir(directory):
         raise CheckpointError(f"{directory}: checkpoint directory not found")
-    config = EngramConfig.from_file(os.path.join(directory, "config.json"))
+    root = root or default_root(directory)
+    config = read_config(directory, root)
     layouts = build_layout(config)
-    finder = _Finder(directory)
+    finder = _Finder(directory, root)
     digest = hashlib.sha256(json.dumps([layout.to_dict() for layout in layouts]).encode())
     layers, used = [], {}
     for layout in layouts:
@@ -194,6 +231,6 @@ def read_checkpoint(directory: str) -> CheckpointPlan:
         layers.append(LayerSource(layout, weight, scale))
         for source, header in ((weight, wh), (scale, sh)):
             used[header.path] = header
-            digest.update(json.dumps([source.name, os.path.basename(header.path), header.size, header.mtime_ns,
+            digest.update(json.dumps([source.name, os.path.basename(header.path), header.size, *header.identity,
                                       source.offset, source.nbytes]).encode())
-    return CheckpointPlan(directory, config, tuple(layers), tuple(sorted(used)), digest.hexdigest()[:32])
+    return CheckpointPlan(directory, config, tuple(layers), tuple(sorted(used)), digest.hexdigest()[:32], root)

@@ -101,15 +101,18 @@ def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
 @click.argument("checkpoint", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 def inspect(checkpoint: str, as_json: bool) -> None:
-    """Layout and table size of a checkpoint, from its headers alone."""
-    from engram_client.core.table_file import TableHeader
+    """Layout, hashing and table size of a checkpoint, checked as `serve --checkpoint` checks it.
 
-    from .checkpoint import read_checkpoint
+    Reads config.json, the index, the shards' headers and tokenizer.json, never the tensor
+    data; its files must lie under the checkpoint's parent, as `serve` without --reload-root requires."""
+    from .table_plan import plan_checkpoint
+    from .token_map import describe_hashing
 
-    plan = read_checkpoint(checkpoint)  # a bad checkpoint's CheckpointError becomes its error line
-    header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation=1)
+    plan, header = plan_checkpoint(checkpoint)  # a bad checkpoint's error becomes its error line
+    hashing = describe_hashing(header.hashing)
     report = {"checkpoint": plan.directory, "fingerprint": plan.fingerprint, "table_bytes": header.total_bytes,
-              "files": list(plan.files), "layers": [layout.to_dict() for layout in plan.layouts]}
+              "files": list(plan.files), "layers": [layout.to_dict() for layout in plan.layouts],
+              "hashing": hashing}
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -118,6 +121,9 @@ def inspect(checkpoint: str, as_json: bool) -> None:
     for layout in plan.layouts:
         click.echo(f"  layer {layout.layer:>3}: {layout.rows} rows x {layout.head_dim} "
                    f"(+{layout.scale_cols} scale bytes), {len(layout.head_sizes)} heads")
+    click.echo("hashing     " + (f"{hashing['vocab']} token ids -> {hashing['compressed_vocab']} compressed ids, "
+                                 f"pad token {hashing['pad_token_id']}" if hashing else
+                                 "none: ranks look rows up by id only"))
     click.echo(f"files       {len(plan.files)}")
 
 

@@ -31,7 +31,7 @@ import uuid
 from typing import Any, Callable
 
 from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
-from engram_client.core.protocol import LOADING, READY, STOPPING
+from engram_client.core.protocol import FAILED, LOADING, READY, STOPPING
 
 from . import __version__
 from .config import ServeConfig
@@ -40,7 +40,8 @@ from .lease_limits import STATUS_CLIENTS
 from .leases import LeaseRegistry
 from .load_job import LoadJob
 from .metrics import NoMetrics
-from .served_record import record_path, resume_checkpoint, write_record
+from .private_dir import existing_files_directory
+from .served_record import prepare_record, record_path, resume_checkpoint, write_record
 from .status_report import build_status
 from .shm_dir import ShmDir, instance_id
 
@@ -61,7 +62,11 @@ def allowed_checkpoint(checkpoint: str, reload_roots: list[str]) -> str:
 
 
 def served_record_path(config: ServeConfig) -> str:
-    return record_path(os.path.abspath(config.shm_dir), instance_id(config.endpoint))
+    """Where the served record of ``config``'s instance is now, found without creating anything
+    (``--print-config`` asks before any daemon made its files directory)."""
+    shm_dir, instance = os.path.abspath(config.shm_dir), instance_id(config.endpoint)
+    path = record_path(existing_files_directory(shm_dir, instance) or shm_dir, instance)
+    return path if os.path.lexists(path) else record_path(shm_dir, instance)
 
 
 def first_checkpoint(config: ServeConfig) -> tuple[str | None, str | None]:
@@ -90,7 +95,7 @@ class Daemon:
         self._on_state_change = on_state_change or (lambda state: None)
         self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if config.gid is not None else 0o600,
                           config.gid)
-        self._served_record = served_record_path(config)
+        self._served_record = prepare_record(self.shm.files_dir, self.shm.directory, self.shm.instance)
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
         self._snapshot: dict[str, Any] = {}
@@ -163,7 +168,15 @@ class Daemon:
         self._load_thread.start()
 
     def _finish(self, generation: Generation) -> None:
-        """Serve a freshly complete generation; the one it replaces starts retiring.  (Load thread.)"""
+        """Serve a freshly complete generation; the one it replaces starts retiring.  (Load thread.)
+
+        What is served is recorded first: once a client can see a generation (status, attach,
+        the event), a restart serves it too.  A record that cannot be written fails the generation."""
+        try:
+            write_record(self._served_record, self.config.checkpoint, generation.checkpoint)
+        except OSError as exc:
+            self._not_recorded(generation, exc)
+            return
         with self._lock:
             generation.state = READY
             self._last_number = max(self._last_number, generation.number)  # a re-adopted table keeps its number
@@ -173,8 +186,18 @@ class Daemon:
                     previous.retired_at = time.monotonic()
                     self.retiring[previous.number] = previous
                 self.current, self.pending = generation, None
-        write_record(self._served_record, self.config.checkpoint, generation.checkpoint)
         self._announce()
+
+    def _not_recorded(self, generation: Generation, exc: OSError) -> None:
+        generation.error = (f"cannot record what is served in {self._served_record}: {exc.strerror or exc}; "
+                            f"generation {generation.number} is not served, so that a restart cannot roll clients "
+                            "back from it")
+        generation.state = FAILED
+        log.error("generation %d failed: %s", generation.number, generation.error)
+        if generation.path is not None and not generation.adopted:
+            self.shm.unlink(generation.path)
+            generation.path = None
+        self._load_failed(generation)
 
     def _load_failed(self, generation: Generation) -> None:
         """A failed reload leaves the served generation alone; only a failed served one is news.  (Load thread.)"""

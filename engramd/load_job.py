@@ -19,13 +19,11 @@ import threading
 import time
 from typing import Callable
 
-from engram_client.core.demo_rows import demo_config
 from engram_client.core.errors import EngramError, TableFileError
-from engram_client.core.layout import build_layout
 from engram_client.core.protocol import FAILED
 from engram_client.core.table_file import TableHeader, read_header
 
-from .checkpoint import read_checkpoint
+from .checkpoint_files import checkpoint_root
 from .checkpoint_guard import CheckpointGuard
 from .config import ServeConfig
 from .generation import Generation
@@ -33,7 +31,7 @@ from .loader import CheckpointSource, DemoSource, fill_table
 from .numa import bind_this_thread
 from .sizes import human_bytes
 from .shm_dir import ShmDir
-from .token_map import demo_hashing, hashing_for_checkpoint
+from .table_plan import plan_checkpoint, plan_demo
 
 log = logging.getLogger("engramd")
 
@@ -54,15 +52,11 @@ class LoadJob:
     def _plan(self):
         generation = self.generation
         if generation.checkpoint:
-            plan = read_checkpoint(generation.checkpoint)
-            header = TableHeader.plan(plan.layouts, plan.fingerprint, plan.directory, generation.number,
-                                      hashing_for_checkpoint(plan.directory, plan.config))
+            root = checkpoint_root(generation.checkpoint, self.config.reload_roots)
+            plan, header = plan_checkpoint(generation.checkpoint, root, generation.number)
             return header, lambda: CheckpointSource(plan), list(plan.files)
-        vocab, seed = self.config.demo_vocab_size, self.config.demo_seed
-        config = demo_config(vocab)
-        header = TableHeader.plan(build_layout(config), f"demo-v{vocab}-s{seed}", "<demo>",
-                                  generation.number, demo_hashing(config))
-        return header, lambda: DemoSource(seed), []
+        seed = self.config.demo_seed
+        return plan_demo(self.config.demo_vocab_size, seed, generation.number), lambda: DemoSource(seed), []
 
     def _adopt(self, wanted: TableHeader) -> bool:
         """Take over our predecessor's complete table if it is exactly what we would load."""

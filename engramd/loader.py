@@ -24,6 +24,7 @@ from engram_client.core.layout import LayerLayout
 from engram_client.core.table_file import TableHeader
 
 from .checkpoint import CheckpointPlan
+from .checkpoint_files import open_inside
 from .shm_dir import TableWriter
 
 CHUNK_BYTES = 32 * 1024 * 1024
@@ -63,12 +64,12 @@ class CheckpointSource:
         self._fds: dict[str, int] = {}
         self._local = threading.local()
         self._layers = {layer.layout.layer: layer for layer in plan.layers}
-        for path in plan.files:
+        for path in plan.files:  # opened again as inspection did: a link swapped in since is refused
             try:
-                self._fds[path] = os.open(path, os.O_RDONLY)
-            except OSError as exc:
+                self._fds[path] = open_inside(path, plan.root)
+            except CheckpointError:
                 self.close()
-                raise CheckpointError(f"{path}: cannot open: {exc.strerror}") from exc
+                raise
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         buf = getattr(self._local, "buf", None)

@@ -2,8 +2,9 @@
 
 After ``reload --checkpoint B`` a daemon started with ``--checkpoint A`` serves B.  If it
 then crashes and its unit restarts it with the same ``--checkpoint A``, serving A again
-would silently roll every client back.  So each time a generation is served, the daemon
-writes ``<shm dir>/engramd-<instance>.served``:
+would silently roll every client back.  So before a generation is served (before any
+client can see it: status, attach, the event), the daemon writes
+``<files dir>/engramd-<instance>.served`` (the files directory: private_dir.py):
 
     {"configured": <the --checkpoint it was started with>, "served": <what it serves>}
 
@@ -14,14 +15,20 @@ record's ``served`` checkpoint is loaded (or re-adopted) instead, provided it st
 under a reload root; if the operator gave another ``--checkpoint``, that wins.
 
 The record is owner-only (0600), written to a fresh temporary name with O_EXCL and
-O_NOFOLLOW, fsynced and renamed into place, and read only if it is a regular file of
-the daemon's user that nobody else may write (see safe_paths).
+O_NOFOLLOW (``<record>.tmp-<pid>``), fsynced and renamed into place, and read only if it
+is a regular file of the daemon's user that nobody else may write (see safe_paths).  A
+record that cannot be written fails the generation it was for, which is then not served:
+a crash can never leave clients on a generation a restart would not serve.  A crash while
+the record is being written leaves its temporary; the next start of the same instance
+removes such temporaries (its lock shows nobody else is writing them), only if they are
+regular files of the daemon's user.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 from typing import Callable
 
 from engram_client.core.errors import EngramError
@@ -32,8 +39,29 @@ log = logging.getLogger("engramd.served_record")
 MAX_RECORD_BYTES = 16 * 1024
 
 
-def record_path(shm_dir: str, instance: str) -> str:
-    return os.path.join(shm_dir, f"engramd-{instance}.served")
+def record_path(directory: str, instance: str) -> str:
+    return os.path.join(directory, f"engramd-{instance}.served")
+
+
+def prepare_record(files_dir: str, shm_dir: str, instance: str) -> str:
+    """The record's path for this instance, once stale temporaries are gone and a record kept in
+    the shm dir itself (before files directories existed) is moved into ``files_dir``."""
+    path = record_path(files_dir, instance)
+    stale = re.compile(re.escape(os.path.basename(path)) + r"\.tmp-\d+$")
+    for directory in dict.fromkeys((files_dir, shm_dir)):
+        for name in sorted(os.listdir(directory)):
+            leftover = os.path.join(directory, name)
+            if stale.match(name) and foreign_reason(leftover) is None:
+                try:
+                    os.unlink(leftover)
+                    log.info("removed %s, a served record a crashed daemon was writing", leftover)
+                except FileNotFoundError:
+                    pass
+    old = record_path(shm_dir, instance)
+    if old != path and os.path.lexists(old) and foreign_reason(old) is None and not os.path.lexists(path):
+        os.rename(old, path)
+        log.info("moved the served record %s to %s", old, path)
+    return path
 
 
 def read_record(path: str) -> dict | None:
@@ -62,32 +90,39 @@ def read_record(path: str) -> dict | None:
 
 def write_record(path: str, configured: str | None, served: str | None) -> None:
     """Replace the record atomically, or remove it once what is served is --checkpoint again
-    (it then says nothing a restart would not do anyway); a failure is logged, never fatal."""
+    (it then says nothing a restart would not do anyway); nothing is written if the record
+    already says so.  Raises OSError: the caller decides what a record it cannot write means."""
     if served == configured:
         if os.path.lexists(path) and foreign_reason(path) is None:
             os.unlink(path)
         return
+    if read_record(path) == {"configured": configured, "served": served}:
+        return
     temporary = f"{path}.tmp-{os.getpid()}"
     blob = json.dumps({"configured": configured, "served": served}).encode()
     try:
-        try:
-            os.unlink(temporary)  # our own leftover: the name carries our pid
-        except FileNotFoundError:
-            pass
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.unlink(temporary)  # our own leftover: the name carries our pid
+    except FileNotFoundError:
+        pass
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
         try:
             os.write(fd, blob)
             os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(temporary, path)
-        directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    except BaseException:
         try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except OSError as exc:
-        log.warning("could not record what is served in %s: %s; a restart would serve --checkpoint", path, exc)
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def resume_target(path: str, configured: str | None) -> str | None:

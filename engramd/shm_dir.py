@@ -2,9 +2,12 @@
 
 Each daemon instance (one per request endpoint) owns the files named
 ``engramd-<instance>-g<generation>.table`` and holds an exclusive ``flock`` on
-``engramd-<instance>.lock`` for as long as it lives.  At start a daemon removes
-every ``engramd-*`` table file whose owner's lock is free (that owner is dead),
-and never touches a file whose owner's lock is held.
+``engramd-<instance>.lock`` for as long as it lives.  It writes its tables in its files
+directory: the shm dir itself, or, where other users may create names in the shm dir, a
+directory of its own inside it (private_dir.py).  At start a daemon removes every
+``engramd-*`` table file, in the shm dir and in this user's files directories, whose
+owner's lock is free (that owner is dead), and never touches a file whose owner's lock
+is held, nor one of another user.
 
 A table is written as ``<name>.partial`` with header state *writing*, then flushed,
 marked *complete* and renamed: its final name appears only when every byte is in
@@ -28,6 +31,7 @@ from engram_client.core.errors import ShmSpaceError, TableFileError
 from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
 from .lock_owner import holder
+from .private_dir import files_directory, own_directories, remove_if_empty
 from .safe_paths import UnsafePathError, check_directory, foreign_reason, take_lock
 from .sizes import human_bytes
 
@@ -67,8 +71,18 @@ class ShmDir:
             os.write(self._lock_fd, f"{os.getpid()}\n".encode())
         except OSError:
             pass
+        try:
+            self.files_dir = files_directory(self.directory, instance, gid)
+        except BaseException:
+            self.close()
+            raise
+        # Where table files of this user's daemons may be, ours and dead ones': looked at once, at start.
+        self.scanned_dirs = [self.directory] + [path for _, path in own_directories(self.directory)
+                                                if path != self.directory]
 
     def close(self) -> None:
+        if getattr(self, "files_dir", self.directory) != self.directory:
+            remove_if_empty(self.files_dir)
         if self._lock_fd >= 0:
             try:
                 os.unlink(self.lock_path)
@@ -78,22 +92,30 @@ class ShmDir:
             self._lock_fd = -1
 
     def table_path(self, generation: int) -> str:
-        return os.path.join(self.directory, f"engramd-{self.instance}-g{generation}.table")
+        return os.path.join(self.files_dir, f"engramd-{self.instance}-g{generation}.table")
+
+    def _table_files(self):
+        """(match, path) of every name shaped like a table file in the scanned directories."""
+        for directory in self.scanned_dirs:
+            try:
+                names = sorted(os.listdir(directory))
+            except FileNotFoundError:
+                continue
+            for name in names:
+                match = _TABLE_NAME.match(name)
+                if match:
+                    yield match, os.path.join(directory, name)
 
     def remove_orphans(self) -> list[str]:
         """Remove table files whose owning daemon is dead (its lock is free) and our own
         unfinished ones; keep our own complete tables for re-adoption.  Returns what went."""
         removed = []
-        for name in sorted(os.listdir(self.directory)):
-            match = _TABLE_NAME.match(name)
-            if not match:
-                continue
+        for match, path in self._table_files():
             owner, partial = match.group(1), bool(match.group(3))
             if owner == self.instance and not partial:
                 continue  # a complete table of ours, left by our predecessor: see own_tables()
             if owner != self.instance and self._owner_alive(owner):
                 continue
-            path = os.path.join(self.directory, name)
             if foreign_reason(path) is not None:
                 continue  # another user's file: never ours to remove
             if self.unlink(path):
@@ -104,10 +126,8 @@ class ShmDir:
     def own_tables(self) -> list[tuple[int, str]]:
         """Our complete table files, newest generation first."""
         found = []
-        for name in os.listdir(self.directory):
-            match = _TABLE_NAME.match(name)
-            if match and match.group(1) == self.instance and not match.group(3):
-                path = os.path.join(self.directory, name)
+        for match, path in self._table_files():
+            if match.group(1) == self.instance and not match.group(3):
                 why_not = foreign_reason(path)  # checked before its header is read
                 if why_not is not None:
                     log.warning("not re-adopting %s: %s", path, why_not)
@@ -117,7 +137,7 @@ class ShmDir:
 
     def unlink(self, path: str) -> bool:
         """Remove one of the files this class names; refuses any other path."""
-        if os.path.dirname(path) != self.directory or not _TABLE_NAME.match(os.path.basename(path)):
+        if os.path.dirname(path) not in self.scanned_dirs or not _TABLE_NAME.match(os.path.basename(path)):
             raise TableFileError(f"refusing to unlink {path}: not a table file of {self.directory}")
         why_not = foreign_reason(path)
         if why_not is not None:

@@ -24,6 +24,8 @@ from engram_client.core.errors import CheckpointError
 from engram_client.core.hashing_section import HashingSection
 from engram_client.core.layout import EngramConfig
 
+from .checkpoint_files import MAX_JSON_BYTES, default_root, read_inside
+
 log = logging.getLogger("engramd")
 TOKENIZER_NAME = "tokenizer.json"
 SENTINEL = "\ue000"  # keeps a lone space alive through the strip
@@ -40,15 +42,21 @@ def _normalizer():
     ])
 
 
-def compressed_map(tokenizer_path: str) -> tuple[np.ndarray, int]:
-    """(int32 map over every token id, number of compressed ids) for a tokenizer.json."""
+def compressed_map(tokenizer_path: str, root: str | None = None) -> tuple[np.ndarray, int]:
+    """(int32 map over every token id, number of compressed ids) for a tokenizer.json, read as a
+    checkpoint's files are (checkpoint_files.py): a regular file under ``root`` (default: the
+    parent of its checkpoint directory), of at most MAX_JSON_BYTES."""
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:
         raise CheckpointError(f"{tokenizer_path}: reading a tokenizer needs the 'tokenizers' package, which is "
                               "not installed") from exc
+    blob = read_inside(tokenizer_path, root or default_root(os.path.dirname(tokenizer_path)), MAX_JSON_BYTES)
     try:
-        tokenizer = Tokenizer.from_file(tokenizer_path)
+        tokenizer = Tokenizer.from_str(blob.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{tokenizer_path}: cannot read the tokenizer: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from exc
     except Exception as exc:  # the Rust side raises its own exception type for every parse failure
         raise CheckpointError(f"{tokenizer_path}: cannot read the tokenizer: {exc}") from exc
     count = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -65,14 +73,15 @@ def compressed_map(tokenizer_path: str) -> tuple[np.ndarray, int]:
     return token_map, len(keys)
 
 
-def hashing_for_checkpoint(directory: str, config: EngramConfig) -> HashingSection | None:
+def hashing_for_checkpoint(directory: str, config: EngramConfig, root: str | None = None) -> HashingSection | None:
     """The table's hashing section, or None where the checkpoint has no tokenizer.json (the
-    table then serves lookups by row id only).  Refuses a map whose size the config contradicts."""
+    table then serves lookups by row id only).  Refuses a map whose size the config contradicts,
+    and a tokenizer.json that is there but cannot be read (a dangling link included)."""
     path = os.path.join(directory, TOKENIZER_NAME)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         log.info("%s: no %s; ranks can look rows up by id but cannot hash tokens", directory, TOKENIZER_NAME)
         return None
-    token_map, compressed = compressed_map(path)
+    token_map, compressed = compressed_map(path, root or default_root(directory))
     stated = config.compressed_vocab_size
     if stated is not None and stated != compressed:
         raise CheckpointError(f"{path}: the tokenizer's compressed vocabulary has {compressed} ids, but "

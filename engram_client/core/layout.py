@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import LayoutError
+from .primes import PrimeBlocks, is_prime  # noqa: F401  (is_prime: part of this module's API)
 
 QUANT_BLOCK = 32  # values per UE8M0 scale byte
 # Far above any real model (V4.1: n-grams up to 4, 8 heads, 256 wide, 2 layers, vocab 1.6e7), and
@@ -33,31 +34,6 @@ def packed_row_bytes(head_dim: int) -> int:
     The one definition of the row the table file, the loader and the kernels share
     (V4.1: 256 + 8 = 264 bytes)."""
     return head_dim + head_dim // QUANT_BLOCK
-
-
-def is_prime(n: int) -> bool:
-    """Deterministic Miller-Rabin for n < 3.3e24 (the first 13 prime bases)."""
-    if n < 2:
-        return False
-    small = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
-    for p in small:
-        if n % p == 0:
-            return n == p
-    d, s = n - 1, 0
-    while d % 2 == 0:
-        d //= 2
-        s += 1
-    for a in small:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(s - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -203,18 +179,25 @@ class LayerLayout:
 
 
 def head_sizes(config: EngramConfig) -> list[tuple[int, ...]]:
-    """Per layer (in config order), the head sizes in (order, head) order."""
+    """Per layer (in config order), the head sizes in (order, head) order.
+
+    One increasing stream of primes per vocab size: every prime a stream has passed is
+    taken, so the next untaken prime it yields is the smallest untaken one >= that vocab
+    size, and no head searches again past what earlier heads took (the work grows with
+    the primes covered, not with heads x primes)."""
+    blocks = PrimeBlocks()
     taken: set[int] = set()
+    streams: dict[int, Iterator[int]] = {}
     layers = []
     for _layer in config.layer_ids:
         sizes = []
         for order_index in range(config.max_ngram - 1):
+            vocab = config.vocab_sizes[order_index]
+            stream = streams.setdefault(vocab, blocks.primes_from(vocab))
             for _head in range(config.n_heads):
-                candidate = config.vocab_sizes[order_index]
-                while candidate in taken or not is_prime(candidate):
-                    candidate += 1
-                taken.add(candidate)
-                sizes.append(candidate)
+                size = next(p for p in stream if p not in taken)
+                taken.add(size)
+                sizes.append(size)
         layers.append(tuple(sizes))
     return layers
 

@@ -27,6 +27,9 @@ complete table, and checks the state byte anyway.
 
 The format version moves apart from the packages and the wire protocol.  Format 2
 added the hashing section; a reader of format 1 refuses a format-2 file by its major.
+The fingerprint is the daemon's digest of what a table was loaded from (engramd's
+checkpoint.py); readers only compare it for equality, so what goes into it may change
+without a format version: a table made under an older rule is reloaded, never re-adopted.
 """
 from __future__ import annotations
 

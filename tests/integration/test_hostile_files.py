@@ -1,11 +1,18 @@
-"""Checkpoints that change under a load, and restarts after a reload to another checkpoint."""
+"""Checkpoints that change under a load or between two daemons, and restarts after a reload to another checkpoint."""
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from engram_client import EngramClient
 from engramd.synth import write_checkpoint
+from exactness import assert_bf16_exact
 from waiting import wait_for
 
 
@@ -49,3 +56,32 @@ def test_restart_after_a_reload_serves_the_reload_target(daemon_factory, tmp_pat
     assert status["checkpoint"] == os.path.realpath(c)
     third.stop()
     assert os.path.isdir(a) and os.path.isdir(b)  # nothing but table files is ever removed
+
+
+def layer_rows(ckpt: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    with safe_open(os.path.join(ckpt, "model.safetensors"), framework="pt") as f:
+        weight = f.get_tensor(f"model.layers.{layer}.engram.embed.weight").view(torch.uint8).numpy()
+        scale = f.get_tensor(f"model.layers.{layer}.engram.embed.scale").view(torch.uint8).numpy()
+    return weight, scale
+
+
+def test_a_shard_rewritten_in_place_with_its_mtime_restored_is_loaded_again_not_readopted(daemon_factory, tmp_path):
+    served, newer = str(tmp_path / "ckpts" / "a"), str(tmp_path / "newer")
+    write_checkpoint(served, vocab_size=300, head_dim=128, seed=1)
+    write_checkpoint(newer, vocab_size=300, head_dim=128, seed=2)  # same layout and size, other rows
+    daemon = daemon_factory("--checkpoint", served)
+    first = daemon.wait_state("ready")
+    daemon.kill()
+    shard, replacement = os.path.join(served, "model.safetensors"), os.path.join(newer, "model.safetensors")
+    before = os.stat(shard)
+    subprocess.run(["touch", "-r", shard, replacement], check=True, timeout=60)  # give it the old mtime
+    subprocess.run(["cp", "-p", replacement, shard], check=True, timeout=60)  # in place, mtime kept
+    after = os.stat(shard)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+    again = daemon_factory("--checkpoint", served)
+    status = again.wait_state("ready")
+    assert not status["adopted"] and status["fingerprint"] != first["fingerprint"]
+    ids = np.arange(0, 300, 7)
+    with EngramClient(endpoint=again.endpoint, device="cpu") as client:
+        assert_bf16_exact(client.table(1).lookup(torch.from_numpy(ids)), *[x[ids] for x in layer_rows(newer, 1)])

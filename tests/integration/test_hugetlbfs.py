@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import numpy as np
 import pytest
@@ -13,34 +12,16 @@ from safetensors import safe_open
 from engram_client import EngramClient
 from engramd.synth import write_checkpoint
 from exactness import assert_bf16_exact
+from hugetlbfs_mount import mounted_hugetlbfs
 
-NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 PAGES = 128  # 256 MiB of 2 MiB pages
 
 
 @pytest.fixture
 def hugetlbfs(tmp_path):
     """A 2 MiB-page hugetlbfs mount, with pages reserved for it (root only); restored afterwards."""
-    try:
-        with open(NR_HUGEPAGES) as f:
-            before = int(f.read())
-        with open(NR_HUGEPAGES, "w") as f:
-            f.write(str(before + PAGES))
-    except OSError as exc:
-        pytest.skip(f"cannot reserve huge pages here: {exc}")
-    mount = tmp_path / "hugetlbfs"
-    mount.mkdir()
-    try:
-        if subprocess.run(["mount", "-t", "hugetlbfs", "-o", f"pagesize=2M,size={PAGES * 2}M", "none", str(mount)],
-                          capture_output=True).returncode:
-            pytest.skip("cannot mount hugetlbfs here")
-        try:
-            yield str(mount)
-        finally:
-            subprocess.run(["umount", str(mount)], check=False)
-    finally:
-        with open(NR_HUGEPAGES, "w") as f:
-            f.write(str(before))
+    with mounted_hugetlbfs(tmp_path / "hugetlbfs", PAGES) as mount:
+        yield mount
 
 
 def test_a_checkpoint_loads_serves_and_is_readopted_on_hugetlbfs(daemon_factory, hugetlbfs, tmp_path):

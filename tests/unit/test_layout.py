@@ -12,6 +12,7 @@ import pytest
 
 from engram_client.core.errors import LayoutError
 from engram_client.core.layout import QUANT_BLOCK, EngramConfig, LayerLayout, build_layout, head_sizes, is_prime
+from engram_client.core.primes import BLOCK, PrimeBlocks
 
 # DeepSeek-V4.1's config values and its published per-layer row counts.
 V41 = {"engram_vocab_size": 16000000, "engram_layer_ids": [1, 14], "engram_max_ngram_size": 4,
@@ -269,3 +270,23 @@ def test_is_prime_rejects_strong_pseudoprimes(factors):
 @pytest.mark.parametrize("p", [p for p in range(3, 80) if prime_by_trial_division(p)])
 def test_is_prime_agrees_with_lucas_lehmer_on_mersenne_numbers(p):
     assert is_prime(2**p - 1) == mersenne_prime_by_lucas_lehmer(p)
+
+
+# --- the prime search behind head sizes ------------------------------------------
+
+def test_prime_blocks_agree_with_trial_division_across_block_boundaries():
+    blocks = PrimeBlocks()
+    for start in (0, 1, BLOCK - 50, 3 * BLOCK - 7, 16000000):
+        stream = blocks.primes_from(start)
+        found = [next(stream) for _ in range(40)]
+        assert found == [n for n in range(start, found[-1] + 1) if prime_by_trial_division(n)]
+
+
+def test_head_sizes_follow_the_rule_where_orders_share_and_cross_vocab_sizes():
+    # Orders with one vocab size share a stream; vocab 1 and 2 start at the smallest primes; the
+    # 90-vocab order runs into primes the 100-vocab order took first.
+    vocab_sizes, n_layers, n_heads = [100, 1, 100, 90, 2], 3, 7
+    config = EngramConfig(layer_ids=tuple(range(n_layers)), num_embeddings=(0,) * n_layers,
+                          max_ngram=len(vocab_sizes) + 1, n_heads=n_heads, head_dim=32,
+                          vocab_sizes=tuple(vocab_sizes))
+    assert head_sizes(config) == reference_head_sizes(vocab_sizes, n_layers, n_heads)
