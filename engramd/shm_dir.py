@@ -28,7 +28,7 @@ from engram_client.core.errors import ShmSpaceError, TableFileError
 from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
 from .lock_owner import holder
-from .safe_paths import UnsafePathError, check_directory, foreign_reason, take_lock
+from .safe_paths import UnsafePathError, check_directory, foreign_reason, release_lock, take_lock
 from .sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")
@@ -70,11 +70,7 @@ class ShmDir:
 
     def close(self) -> None:
         if self._lock_fd >= 0:
-            try:
-                os.unlink(self.lock_path)
-            except FileNotFoundError:
-                pass
-            os.close(self._lock_fd)
+            release_lock(self.lock_path, self._lock_fd)  # unlinked while held: see take_lock
             self._lock_fd = -1
 
     def table_path(self, generation: int) -> str:
