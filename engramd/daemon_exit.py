@@ -67,9 +67,14 @@ class DaemonExit:
             self._lock_fd = -1
 
     def describe(self) -> str:
+        """What is watched, in words: the pid, or (unseen from here) the lock or the socket file."""
         if self.pid is not None:
             return f"pid {self.pid}"
-        return "its lock " + self.lock_path if self._lock_fd >= 0 else "its socket file " + self.socket_path
+        return f"its lock on {self.lock_path}" if self._lock_fd >= 0 else f"its socket file {self.socket_path}"
+
+    def gone(self) -> str:
+        """What was seen once the daemon is gone, in words."""
+        return f"{self.describe()} {'released' if self.pid is None and self._lock_fd >= 0 else 'gone'}"
 
     def _gone(self) -> bool:
         if self.pid is not None:

@@ -39,7 +39,7 @@ def stop(endpoint: str | None, timeout: float) -> None:
         reach.ask(connection, "stop", timeout=reach.ANSWER_TIMEOUT_S)
         started = time.monotonic()
         if watch is None or watch.wait(timeout):
-            what = f" ({watch.describe()} gone after {time.monotonic() - started:.1f} s)" if watch else ""
+            what = f" ({watch.gone()} after {time.monotonic() - started:.1f} s)" if watch else ""
             click.echo(f"engramd stopped{what}")
             return
         fail(f"engramd at {connection.endpoint} ({watch.describe()}) is still running "

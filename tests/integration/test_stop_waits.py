@@ -9,6 +9,7 @@ test reads.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -88,6 +89,31 @@ def test_stop_returns_only_once_the_process_is_gone(slow_systemd_daemon):
         assert stop.returncode == 0, err
         assert "engramd stopped" in out and f"pid {proc.pid}" in out, out
         assert proc.poll() is not None  # gone by the time stop said so
+    finally:
+        if stop.poll() is None:
+            stop.kill()
+            stop.wait(timeout=30)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_stop_from_another_pid_namespace_waits_for_the_daemons_lock(slow_systemd_daemon):
+    """Where the daemon's pid cannot be seen (a real pid namespace of its own for the stop), stop
+    waits until the daemon lets go of its socket's lock, the last thing it does."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    if subprocess.run(["unshare", "-p", "-f", "--mount-proc", "true"], capture_output=True, timeout=30).returncode:
+        pytest.skip("cannot make a pid namespace here")
+    endpoint, proc, drain, log = slow_systemd_daemon
+    stop = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m", "engramd", "stop",
+                             "--socket", endpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "unlinked" in log(), "the daemon to have answered stop and unlinked its table", 30)
+        time.sleep(2.0)  # the daemon is blocked for as long as the test does not read
+        assert stop.poll() is None, f"stop returned while pid {proc.pid} still ran: {stop.communicate()}"
+        drain()
+        out, err = stop.communicate(timeout=PROCESS_TIMEOUT_S)
+        assert stop.returncode == 0, err
+        assert "engramd stopped (its lock on" in out and "released" in out, out
     finally:
         if stop.poll() is None:
             stop.kill()
