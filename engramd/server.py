@@ -144,7 +144,8 @@ class Server:
                 sock.close(linger=0)
                 self._unlink_socket_file(path)
                 if isinstance(exc, OSError):
-                    raise ConfigError(f"cannot set up the socket {path}: {exc.strerror}") from exc
+                    raise ConfigError(f"cannot give the socket {path} its group and mode: "
+                                      f"{exc.filename or path}: {exc.strerror}") from exc
                 raise
         return sock
 
