@@ -20,7 +20,8 @@ from typing import Any
 import zmq
 
 from .core import endpoints, protocol
-from .core.errors import REPLY_ERRORS, DaemonUnavailableError, NotAttachedError, ProtocolError, RequestError
+from .core.errors import (REPLY_ERRORS, DaemonUnavailableError, NotAttachedError, ProtocolError, RequestError,
+                          SocketRefusedError)
 from .socket_trust import check_socket_trust
 
 
@@ -41,12 +42,12 @@ class DaemonConnection:
         """A socket file we may not open would only show up as a timeout; say so at once."""
         path = endpoints.ipc_path(self.endpoint)
         if path is not None and os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
-            raise DaemonUnavailableError(f"permission denied on {path}: this user may not talk to engramd "
-                                         "(the daemon's --group decides who may)")
+            raise SocketRefusedError(f"permission denied on {path}: this user may not talk to engramd "
+                                     "(the daemon's --group decides who may)")
         directory = os.path.dirname(path) if path else None
         if directory and os.path.isdir(directory) and not os.access(directory, os.X_OK):
-            raise DaemonUnavailableError(f"permission denied on {directory}: this user may not reach engramd's "
-                                         "socket (the daemon's --group decides who may)")
+            raise SocketRefusedError(f"permission denied on {directory}: this user may not reach engramd's "
+                                     "socket (the daemon's --group decides who may)")
         if path is not None:
             check_socket_trust(path)
 

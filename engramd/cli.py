@@ -1,6 +1,6 @@
-"""The engramd command line: the group, and stop, reload, inspect, synth, keys, demo, bench.
+"""The engramd command line: the group, and reload, inspect, synth, keys, demo, bench.
 
-``serve`` (serve_cli.py) and ``status`` (status_cli.py) have files of their own.  A
+``serve`` (serve_cli.py), ``status`` (status_cli.py) and ``stop`` (stop_cli.py) have files of their own.  A
 stable contract for operators and scripts: ``status`` exits 0 iff the table is
 ready, 1 if the daemon answers but is not ready, 3 if no daemon answers; every
 other command exits non-zero with one ``error:`` line naming what is wrong, made
@@ -15,11 +15,11 @@ import time
 
 import click
 
-from engram_client.core.errors import DaemonUnavailableError, EngramTimeoutError
+from engram_client.core.errors import EngramTimeoutError
 from engram_client.readiness import wait_ready
 
 from . import __version__, reach
-from .cli_errors import EXIT_UNREACHABLE, MappedGroup, describe_os_error, fail
+from .cli_errors import MappedGroup, describe_os_error, fail
 from .extras import missing_for
 from .sizes import human_bytes
 
@@ -41,33 +41,6 @@ def main() -> None:
     """engramd: one Engram table per node, in /dev/shm, shared by every rank.
 
     Shell completion: eval "$(_ENGRAMD_COMPLETE=bash_source engramd)" (zsh_source, fish_source)."""
-
-
-@main.command()
-@socket_option
-@click.option("--timeout", default=10.0, show_default=True, type=float, help="Seconds to wait for the daemon to exit.")
-def stop(endpoint: str | None, timeout: float) -> None:
-    """Ask the daemon to stop; returns once it no longer answers (at once if there is none)."""
-    try:
-        connection = reach.connect(endpoint)
-    except reach.DaemonAbsentError as exc:
-        fail(f"{exc}; nothing to stop", EXIT_UNREACHABLE)
-    try:
-        reach.ask(connection, "stop", timeout=5.0)
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            if reach.absent_reason(connection.endpoint) is not None:
-                click.echo("engramd stopped")
-                return
-            try:
-                connection.request("status", timeout=0.5)
-            except DaemonUnavailableError:
-                click.echo("engramd stopped")
-                return
-            time.sleep(0.1)
-        fail(f"engramd at {connection.endpoint} still answers {time.monotonic() - started:.1f} s after stop")
-    finally:
-        connection.close()
 
 
 @main.command()
@@ -244,9 +217,11 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
 
 from .serve_cli import serve  # noqa: E402  (after main exists; serve_cli needs nothing from here)
 from .status_cli import status  # noqa: E402
+from .stop_cli import stop  # noqa: E402
 
 main.add_command(serve)
 main.add_command(status)
+main.add_command(stop)
 
 if __name__ == "__main__":
     main()

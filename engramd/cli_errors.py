@@ -4,6 +4,7 @@ Every command runs inside :class:`MappedGroup`, so whatever a command lets escap
 the same way: one ``error:`` line on stderr naming what is wrong and where, never a
 traceback.
 
+    SocketRefusedError                               exit 4: this user may not, or must not, talk there
     DaemonUnavailableError (and DaemonAbsentError)   exit 3: nothing answers at the endpoint
     EngramError                                      exit 1: its message as written
     OSError                                          exit 1: the path and the system's reason
@@ -22,11 +23,12 @@ from typing import Any, NoReturn
 
 import click
 
-from engram_client.core.errors import DaemonUnavailableError, EngramError
+from engram_client.core.errors import DaemonUnavailableError, EngramError, SocketRefusedError
 
 from .extras import missing_extra_message
 
 EXIT_FAILED, EXIT_NOT_READY, EXIT_UNREACHABLE = 1, 1, 3
+EXIT_REFUSED = 4  # permission denied, or a socket another user could pose through: not "no daemon"
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE
 
 
@@ -66,6 +68,8 @@ def _quiet_after_broken_pipe() -> NoReturn:
 
 
 def exit_code_for(exc: EngramError) -> int:
+    if isinstance(exc, SocketRefusedError):
+        return EXIT_REFUSED
     return EXIT_UNREACHABLE if isinstance(exc, DaemonUnavailableError) else EXIT_FAILED
 
 

@@ -59,6 +59,8 @@ class ServeConfig:
                     self.gid = grp.getgrnam(self.group).gr_gid
                 except KeyError as exc:
                     raise ConfigError(f"--group {self.group}: no such group") from exc
+            from .safe_paths import check_group_usable
+            check_group_usable(self.group, self.gid)  # before anything is bound or created
         self.events_endpoint = self.events_endpoint or pub_endpoint_for(self.endpoint)
         if not self.events_endpoint.startswith("ipc://"):
             raise ConfigError(f"--events-socket {self.events_endpoint!r}: only ipc:// endpoints are served")

@@ -35,6 +35,7 @@ from engram_client.core.protocol import FAILED, LOADING, READY, STOPPING
 
 from . import __version__
 from .config import ServeConfig
+from .daemon_exit import LOAD_STOP_S
 from .generation import Generation
 from .lease_limits import STATUS_CLIENTS
 from .leases import LeaseRegistry
@@ -250,9 +251,9 @@ class Daemon:
             self._announce()
         self._cancel_load.set()
         if self._load_thread is not None:
-            self._load_thread.join(timeout=60.0)
+            self._load_thread.join(timeout=LOAD_STOP_S)
             if self._load_thread.is_alive():
-                log.error("load thread did not stop within 60 s; exiting anyway")
+                log.error("load thread did not stop within %.0f s; exiting anyway", LOAD_STOP_S)
         for generation in [self.current, *self.retiring.values()]:
             if generation.path is not None and self.shm.unlink(generation.path):
                 log.info("unlinked %s", generation.path)

@@ -3,11 +3,13 @@
 Every peer connection costs the daemon one descriptor, and libzmq aborts the whole
 process when accept(2) fails with EMFILE (``Too many open files (ipc_listener.cpp)``).
 So at start the soft RLIMIT_NOFILE is raised to the hard limit (the unit sets it with
-``LimitNOFILE``), and PeerCap keeps peers to a quarter of that, at most MAX_PEERS: a peer
-beyond it is disconnected as soon as its connection is seen.  The other three quarters
-are headroom for connections that arrive faster than the daemon can disconnect them;
-libzmq gives no way to stop accepting, so a flood outrunning that headroom would still
-abort the process, which is why the unit sets a high LimitNOFILE.
+``LimitNOFILE``).  OWN_FDS of it are kept for the daemon's own descriptors, and PeerCap
+keeps peers to a quarter of the rest, at most MAX_PEERS: a peer beyond it is disconnected
+as soon as its connection is seen.  The other three quarters are headroom for connections
+that arrive faster than the daemon can disconnect them; libzmq gives no way to stop
+accepting, so a flood outrunning that headroom would still abort the process, which is
+why the unit sets a high LimitNOFILE.  A limit that leaves room for fewer than MIN_PEERS
+is refused at start, in words, rather than met as an abort at the first few connections.
 
 PeerCap learns of connections from a ZeroMQ monitor on the listening socket (accepted
 and disconnected events carry the connection's descriptor) and disconnects an excess
@@ -22,8 +24,17 @@ import socket
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from engram_client.core.errors import ConfigError
+
 log = logging.getLogger("engramd.fd_limits")
 MAX_PEERS = 4096  # a node runs a few hundred clients at most
+MIN_PEERS = 8  # a node's ranks and a tool or two
+# The daemon's own descriptors (stdio, the lock files, both listening sockets and their
+# monitors, libzmq's eventfds), counted with `ls /proc/PID/fd`: 20 on the demo table at rest,
+# 34 with --metrics-port, --remote-status and a reload of a 4-shard checkpoint running.
+OWN_FDS = 64
+PEER_SHARE = 4  # one descriptor per peer, three more of headroom for a burst (see above)
+MIN_NOFILE = OWN_FDS + PEER_SHARE * MIN_PEERS
 
 
 def raise_nofile_limit() -> tuple[int, int]:
@@ -40,8 +51,14 @@ def raise_nofile_limit() -> tuple[int, int]:
 
 
 def peer_budget(soft_limit: int) -> int:
-    """How many peers may be connected at once under ``soft_limit`` descriptors."""
-    return max(8, min(MAX_PEERS, soft_limit // 4))
+    """How many peers may be connected at once under ``soft_limit`` descriptors; ConfigError if
+    the limit is too low to serve at all."""
+    if soft_limit < MIN_NOFILE:
+        raise ConfigError(f"the open-file limit (RLIMIT_NOFILE) is {soft_limit}, even raised to its hard limit; "
+                          f"engramd needs at least {MIN_NOFILE}: {OWN_FDS} for its own files and sockets and "
+                          f"{PEER_SHARE} per peer for {MIN_PEERS} peers. Raise it (ulimit -n, systemd LimitNOFILE=, "
+                          "docker run --ulimit nofile=...)")
+    return min(MAX_PEERS, (soft_limit - OWN_FDS) // PEER_SHARE)
 
 
 class PeerCap:

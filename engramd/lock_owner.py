@@ -2,10 +2,19 @@
 
 The lock itself is the flock; the pid beside it is only for the message a second
 daemon prints ("pid 1234 holds it"), so a missing or unreadable pid is no error.
+/proc/locks names the holders as this process's pid namespace sees them, which is how
+``engramd stop`` finds the process it waits for (a pid the daemon reports about itself
+may belong to another namespace).
 """
 from __future__ import annotations
 
 import os
+
+SOCKET_LOCK_SUFFIX = ".lock"  # the flock beside an ipc socket: <socket path>.lock
+
+
+def socket_lock_path(socket_path: str) -> str:
+    return socket_path + SOCKET_LOCK_SUFFIX
 
 
 def write_pid(fd: int) -> None:
@@ -25,3 +34,18 @@ def holder(path: str) -> str:
     except (OSError, ValueError, IndexError):
         return ""
     return f" (pid {pid})"
+
+
+def lock_holders_of(info: os.stat_result) -> list[int]:
+    """Pids (as this process sees them) holding a lock on the file ``info`` describes; empty if unknown."""
+    wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    pids = []
+    try:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) >= 6 and fields[-3] == wanted and fields[-4].isdigit():
+                    pids.append(int(fields[-4]))
+    except OSError:
+        return []
+    return sorted(set(pid for pid in pids if pid > 0))  # 0: a holder this namespace cannot see

@@ -4,6 +4,12 @@ READY=1 is sent only when a table is served, so `Type=notify` units order ranks 
 ready table; STATUS= lines report load progress; STOPPING=1 precedes a clean stop; with
 WatchdogSec= the server loop sends WATCHDOG=1 every half $WATCHDOG_USEC, so a loop that
 stops turning gets the daemon restarted.  Without $NOTIFY_SOCKET every call is a no-op.
+
+systemd waits for READY=1 (up to TimeoutStartSec=) and knows no "up, but failed".  So
+under $NOTIFY_SOCKET a first load that fails ends the process: STATUS= names the reason
+and the exit status is EXIT_LOAD_FAILED, which the unit's RestartPreventExitStatus= keeps
+from being retried in a loop.  Outside systemd a failed daemon stays up, in state
+``failed``, for ``status`` to report and ``reload`` to mend.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from engram_client.core.protocol import FAILED, READY, STOPPING
 from .sizes import human_pair
 
 log = logging.getLogger("engramd.notify")
+EXIT_LOAD_FAILED = 5  # the exit status of a failed first load under Type=notify; the unit names it too
 
 
 class SystemdNotifier:
@@ -29,6 +36,7 @@ class SystemdNotifier:
         self.status_interval = status_interval
         self._last_status = 0.0
         self._ready_sent = False
+        self._failure: str | None = None  # why the first load failed, kept for the last STATUS= line
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if self.address else None
         usec = os.environ.get("WATCHDOG_USEC", "")
         watchdog_pid = os.environ.get("WATCHDOG_PID", "")
@@ -52,9 +60,16 @@ class SystemdNotifier:
                 self._ready_sent = True
             self.send(*fields)
         elif state == FAILED:
+            if not self._ready_sent:
+                self._failure = error
             self.send(f"STATUS=load failed: {error}")
         elif state == STOPPING:
-            self.send("STOPPING=1", "STATUS=stopping")
+            self.send("STOPPING=1", f"STATUS=stopping: load failed: {self._failure}" if self._failure
+                      else "STATUS=stopping")
+
+    def must_exit(self, state: str) -> bool:
+        """Whether ``state`` must end the process: a failed load before READY=1, under systemd."""
+        return self._sock is not None and state == FAILED and not self._ready_sent
 
     def watchdog(self) -> None:
         """Tell systemd the loop still turns (called from the server loop; rate-limited here)."""

@@ -25,6 +25,7 @@ from engram_client.core.errors import DaemonUnavailableError
 from engram_client.core.endpoints import ipc_path
 
 PROBE_TIMEOUT_S = 1.0
+ANSWER_TIMEOUT_S = 10.0  # how long `status` and `stop` wait for an answer by default (README, probes)
 
 
 class DaemonAbsentError(DaemonUnavailableError):

@@ -9,7 +9,10 @@ local user may create names.  So before it reads, locks or binds anything there 
   not writable by group or others, unless the sticky bit is set: then others may create
   names there but cannot rename or remove ours;
 - a file lock held by someone else is reported with the holder's pid (from /proc/locks)
-  and the file's owner.
+  and the file's owner; a lock is good only while its file is still the one at the path;
+- a socket is bound only where nothing stands but a stale socket of the daemon's own user
+  (binding an ipc:// path replaces whatever is there);
+- ``--group G`` is taken only if this process may give its files to G.
 
 Every refusal raises UnsafePathError naming the path, what is wrong and whose it is.
 Owns no files; callers decide what to do with what it opens.
@@ -20,12 +23,16 @@ import errno
 import fcntl
 import os
 import pwd
+import socket
 import stat
 from typing import Callable
 
 from engram_client.core.errors import ConfigError
 
+from .lock_owner import lock_holders_of
+
 GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
+LOCK_ATTEMPTS = 8
 
 
 class UnsafePathError(ConfigError):
@@ -107,34 +114,53 @@ def check_directory(path: str, what: str, must_be_ours: bool = False) -> None:
 
 def lock_holders(fd: int) -> list[int]:
     """Pids holding a lock on the file open at ``fd`` (from /proc/locks; empty if unknown)."""
-    info = os.fstat(fd)
-    wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
-    pids = []
-    try:
-        with open("/proc/locks") as locks:
-            for line in locks:
-                fields = line.split()
-                if len(fields) >= 6 and fields[-3] == wanted and fields[-4].isdigit():
-                    pids.append(int(fields[-4]))
-    except OSError:
-        return []
-    return sorted(set(pids))
+    return lock_holders_of(os.fstat(fd))
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def take_lock(path: str, what: str, busy: Callable[[], str]) -> int:
     """Open (creating) an owner-only lock file safely and hold an exclusive flock on it.
 
+    A stopping daemon unlinks its lock file while it still holds it, then lets go.  A
+    starter that opened the old file just before may win the flock on that deleted inode,
+    and a third start would then lock a fresh file at the same path: two daemons on one
+    socket.  So once locked, the file must still be the one at ``path``; if it is not, the
+    lock is worth nothing and is taken again on what the path holds now.
+
     ``busy()`` says what a held lock most likely means (called only then, once the file is
     known to be a safe regular one); the error adds who holds it."""
-    fd = open_owned(path, os.O_RDWR | os.O_CREAT, what)
+    for _ in range(LOCK_ATTEMPTS):
+        fd = open_owned(path, os.O_RDWR | os.O_CREAT, what)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holders = lock_holders(fd)
+            os.close(fd)
+            who = ", ".join(f"pid {pid}" for pid in holders) or "a process this user cannot see"
+            raise UnsafePathError(f"{what} {path} is locked by {who}: {busy()}") from exc
+        try:
+            current = os.lstat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and _same_file(current, os.fstat(fd)):
+            return fd
+        os.close(fd)  # locked a file its holder had just unlinked on its way out: take the new one
+    raise UnsafePathError(f"{what} {path} keeps being replaced while engramd locks it ({LOCK_ATTEMPTS} attempts); "
+                          "is another engramd starting and stopping on the same path?")
+
+
+def release_lock(path: str, fd: int) -> None:
+    """Unlink ``path`` while still holding its lock (see take_lock), then let go.  Only our own
+    file is unlinked: if the path now names another file, that one is someone else's."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holders = lock_holders(fd)
-        os.close(fd)
-        who = ", ".join(f"pid {pid}" for pid in holders) or "a process this user cannot see"
-        raise UnsafePathError(f"{what} {path} is locked by {who}: {busy()}") from exc
-    return fd
+        if _same_file(os.lstat(path), os.fstat(fd)):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.close(fd)
 
 
 def prepare_socket_dir(directory: str, default: bool) -> None:
@@ -148,3 +174,82 @@ def prepare_socket_dir(directory: str, default: bool) -> None:
     except OSError as exc:
         raise UnsafePathError(f"cannot create the socket directory {directory}: {exc.strerror}") from exc
     check_directory(directory, "socket directory", must_be_ours=default)
+
+
+def _kind(info: os.stat_result) -> str:
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(info.st_mode):
+            return name
+    return "not a socket"
+
+
+def check_bind_path(path: str, what: str) -> None:
+    """Raise unless binding ``path`` would replace nothing but a stale socket of ours.
+
+    libzmq unlinks whatever is at an ipc:// path before it binds, and the daemon unlinks its
+    socket when it stops, so a regular file (or anything else) given as ``--socket`` would be
+    lost.  A socket of ours that nothing listens on is what a daemon killed with SIGKILL leaves:
+    that one may go.  The endpoint's lock is held when this runs, so no engramd of this
+    endpoint is binding it meanwhile."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UnsafePathError(f"{what} {path}: {exc.strerror}") from exc
+    if not stat.S_ISSOCK(info.st_mode):
+        raise UnsafePathError(f"{what} {path} is {_kind(info)}, not a socket; binding there would replace it, so "
+                              "engramd leaves it alone. Remove it yourself or choose another path")
+    if info.st_uid != os.geteuid():
+        raise UnsafePathError(f"{what} {path} is a socket of {describe_owner(info.st_uid)}, not of engramd's user "
+                              f"({describe_owner(os.geteuid())}); refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return  # stale: nothing listens on it any more
+    except OSError as exc:
+        raise UnsafePathError(f"{what} {path}: cannot tell whether something still listens on it "
+                              f"({exc.strerror}); refusing to replace it") from exc
+    finally:
+        probe.close()
+    raise UnsafePathError(f"{what} {path}: something this user runs listens on it, and it is not an engramd "
+                          "of this endpoint (that one would hold the endpoint's lock); refusing to take its place")
+
+
+def same_file_at(path: str, identity: tuple[int, int] | None) -> bool:
+    """Whether ``path`` (not followed) is still the file whose (st_dev, st_ino) is ``identity``."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return identity is not None and (info.st_dev, info.st_ino) == identity
+
+
+def _may_chown() -> bool:
+    """Whether this process has CAP_CHOWN in effect (root usually; not in a unit without capabilities)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & 1)  # bit 0 is CAP_CHOWN
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def check_group_usable(group: str, gid: int) -> None:
+    """Raise unless this process may give its socket and table files to group ``gid``: chown(2)
+    to a group needs membership in it or CAP_CHOWN."""
+    if gid in {os.getegid(), *os.getgroups()} or _may_chown():
+        return
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = f"uid {os.geteuid()}"
+    raise UnsafePathError(f"--group {group}: engramd's user {user} is not in group {group} (gid {gid}), so it "
+                          f"cannot give its socket and table to that group; add it (usermod -aG {group} {user}) "
+                          "or choose a group it is in")

@@ -27,13 +27,13 @@ from .config import ServeConfig
 from .daemon import Daemon
 from .ops import OPERATIONS
 from .fd_limits import PeerCap, peer_budget, raise_nofile_limit
-from .lock_owner import holder, write_pid
+from .lock_owner import holder, socket_lock_path, write_pid
 from .memory_trim import HeapTrimmer
 from .progress import progress_for
 from .metrics import Metrics, NoMetrics
-from .notify import SystemdNotifier
+from .notify import EXIT_LOAD_FAILED, SystemdNotifier
 from .remote_status import RemoteStatus
-from .safe_paths import prepare_socket_dir, take_lock
+from .safe_paths import check_bind_path, prepare_socket_dir, release_lock, same_file_at, take_lock
 
 log = logging.getLogger("engramd.server")
 POLL_MS = 100
@@ -54,7 +54,7 @@ class EndpointLock:
             return
         directory = os.path.dirname(socket_path) or "."
         prepare_socket_dir(directory, default=endpoint == endpoints.default_endpoint())
-        self.path = socket_path + ".lock"
+        self.path = socket_lock_path(socket_path)
         self.fd = take_lock(self.path, "socket lock", lambda: (
             f"another engramd{holder(self.path)} is serving {endpoint}; "
             f"stop it first: engramd stop --socket {endpoint}"))
@@ -62,8 +62,7 @@ class EndpointLock:
 
     def release(self) -> None:
         if self.fd >= 0:
-            os.unlink(self.path)
-            os.close(self.fd)
+            release_lock(self.path, self.fd)
             self.fd = -1
 
 
@@ -78,13 +77,16 @@ class Server:
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.context = zmq.Context()
         self.router = self.pub = self.remote = self.peer_cap = None
+        self._bound: dict[str, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the file we bound
+        self.exit_code = 0
         try:
             soft_limit, _ = raise_nofile_limit()
+            peers = peer_budget(soft_limit)  # refuses a limit too low to serve, before anything is bound
             self.metrics = Metrics() if config.metrics_port is not None else NoMetrics()
             self.daemon = Daemon(config, on_state_change=self.events.put, metrics=self.metrics)
             self.router = self._bind(zmq.ROUTER, config.endpoint)
             self.pub = self._bind(zmq.PUB, config.events_endpoint)
-            self.peer_cap = PeerCap(peer_budget(soft_limit))
+            self.peer_cap = PeerCap(peers)
             self.peer_cap.watch(self.router)
             self.peer_cap.watch(self.pub)
             log.info("open-file limit %d: at most %d peers at once", soft_limit, self.peer_cap.limit)
@@ -110,6 +112,9 @@ class Server:
         self.heap = HeapTrimmer()
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        path = endpoints.ipc_path(endpoint)
+        if path is not None:
+            check_bind_path(path, "socket")  # binding replaces whatever stands at the path
         sock = self.context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         # Set before bind: the listener hands its options to each connection it accepts.
@@ -123,7 +128,6 @@ class Server:
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
         # A connection that never completes the ZMTP handshake holds a descriptor: not for long.
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-        path = endpoints.ipc_path(endpoint)
         old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
             sock.bind(endpoint)
@@ -133,15 +137,37 @@ class Server:
         finally:
             os.umask(old_umask)
         if path is not None:
-            gid = self.config.gid
-            if gid is not None:
-                os.chown(path, -1, gid)
-                directory = os.path.dirname(path)
-                if os.stat(directory).st_uid == os.getuid():
-                    os.chown(directory, -1, gid)
-                    os.chmod(directory, 0o750)
-            os.chmod(path, 0o660 if gid is not None else 0o600)
+            try:
+                self._set_up_socket_file(path)
+            except BaseException as exc:
+                # Not yet one of self's sockets: left open, it would block the context's term forever.
+                sock.close(linger=0)
+                self._unlink_socket_file(path)
+                if isinstance(exc, OSError):
+                    raise ConfigError(f"cannot give the socket {path} its group and mode: "
+                                      f"{exc.filename or path}: {exc.strerror}") from exc
+                raise
         return sock
+
+    def _set_up_socket_file(self, path: str) -> None:
+        info = os.lstat(path)
+        self._bound[path] = (info.st_dev, info.st_ino)
+        gid = self.config.gid
+        if gid is not None:
+            os.chown(path, -1, gid)
+            directory = os.path.dirname(path)
+            if os.stat(directory).st_uid == os.getuid():
+                os.chown(directory, -1, gid)
+                os.chmod(directory, 0o750)
+        os.chmod(path, 0o660 if gid is not None else 0o600)
+
+    def _unlink_socket_file(self, path: str) -> None:
+        """Remove the socket file we bound, never a file that took its place."""
+        if same_file_at(path, self._bound.pop(path, None)):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     # -- request handling --------------------------------------------------------------
     def handle(self, frames: list[bytes], allowed: tuple[str, ...] | None = None) -> list[bytes] | None:
@@ -195,6 +221,11 @@ class Server:
             event = protocol.state_event(state, self.daemon.generation, self.daemon.boot_id)
             self.pub.send(protocol.pack(event))
             self.notifier.state(state, self.daemon.generation, self.daemon.error)
+            if self.notifier.must_exit(state):
+                log.error("the first load failed under systemd (Type=notify), which waits for READY=1: exiting with "
+                          "status %d so that the unit fails now (%s)", EXIT_LOAD_FAILED, self.daemon.error)
+                self.exit_code = EXIT_LOAD_FAILED
+                self.daemon.request_stop()
 
     # -- main loop ---------------------------------------------------------------------
     def serve_forever(self) -> int:
@@ -232,7 +263,7 @@ class Server:
             self.daemon.shutdown()
             self._publish_events()
             time.sleep(0.05)  # let the last 'stopping' event leave the PUB socket
-            return 0
+            return self.exit_code
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -254,8 +285,5 @@ class Server:
             sock.close(linger=0)
             path = endpoints.ipc_path(endpoint)
             if path is not None:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-        self.context.term()
+                self._unlink_socket_file(path)
+        self.context.destroy(linger=0)  # closes any socket still open, so terminating never blocks

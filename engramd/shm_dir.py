@@ -32,7 +32,7 @@ from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WR
 
 from .lock_owner import holder
 from .private_dir import files_directory, own_directories, remove_if_empty
-from .safe_paths import UnsafePathError, check_directory, foreign_reason, take_lock
+from .safe_paths import UnsafePathError, check_directory, foreign_reason, release_lock, take_lock
 from .sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")
@@ -84,11 +84,7 @@ class ShmDir:
         if getattr(self, "files_dir", self.directory) != self.directory:
             remove_if_empty(self.files_dir)
         if self._lock_fd >= 0:
-            try:
-                os.unlink(self.lock_path)
-            except FileNotFoundError:
-                pass
-            os.close(self._lock_fd)
+            release_lock(self.lock_path, self._lock_fd)  # unlinked while held: see take_lock
             self._lock_fd = -1
 
     def table_path(self, generation: int) -> str:

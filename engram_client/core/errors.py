@@ -11,6 +11,7 @@
     │   ├── NotReadyError            no table is ready yet (state loading / failed)
     │   └── UnknownClientError       the lease is unknown (expired, or a new daemon)
     ├── DaemonUnavailableError       the daemon did not answer in time, or is gone
+    │   └── SocketRefusedError       its socket is one this user may not, or must not, talk through
     ├── EngramTimeoutError           a wait ran out; the message says what it waited for
     ├── NotAttachedError             the client is closed or was never attached
     ├── CudaRegistrationError        cudaHostRegister or a related runtime call failed
@@ -79,6 +80,13 @@ class UnknownClientError(RequestError):
 
 class DaemonUnavailableError(EngramError):
     code = "unavailable"
+
+
+class SocketRefusedError(DaemonUnavailableError):
+    """Permission denied on the socket or its directory, or a socket another user could be posing
+    through: no waiting mends it, and it says nothing about whether a daemon is there."""
+
+    code = "socket_refused"
 
 
 class EngramTimeoutError(EngramError, TimeoutError):
