@@ -18,7 +18,7 @@ from .core.errors import EngramError, UnknownClientError
 from .fork_guard import release_in_forked_child
 from .hashing.hasher import UnavailableHasher
 from .mapped_generation import MappedGeneration
-from .table import EngramTable
+from .layer_table import LayerTable
 
 log = logging.getLogger("engram_client")
 
@@ -29,7 +29,7 @@ class ClientState:
     def __init__(self, connection: DaemonConnection):
         self.connection = connection
         self.mapped: MappedGeneration | None = None
-        self.tables: dict[int, EngramTable] = {}
+        self.tables: dict[int, LayerTable] = {}  # what client.table() hands out wraps these
         self.stream = None
         self.pool = None  # the gather threads of the host path and of CPU lookups
         self.stop = threading.Event()

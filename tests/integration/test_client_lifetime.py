@@ -5,9 +5,10 @@ import gc
 import time
 
 import numpy as np
+import pytest
 import torch
 
-from engram_client import EngramClient
+from engram_client import EngramClient, NotAttachedError
 from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact
 from waiting import wait_for
@@ -79,3 +80,35 @@ def test_client_reattaches_to_a_restarted_daemon(daemon_factory):
     finally:
         client.close()
     assert second.status()["clients"] == []
+
+
+def test_a_table_keeps_its_client_alive(daemon_factory):
+    # The one-line use: nothing but the table (then the prefetch handle) refers to the client.
+    daemon = daemon_factory()
+    daemon.wait_state("ready")
+    ids = torch.arange(0, 500, dtype=torch.int64)
+    out = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30).table(1).lookup(ids)
+    assert_bf16_exact(out, *demo_rows(0, 1, ids.numpy(), 256))
+    out = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30).table(14).prefetch(ids).wait()
+    assert_bf16_exact(out, *demo_rows(0, 14, ids.numpy(), 256))
+    table = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30).table(1)
+    gc.collect()
+    assert len(daemon.status()["clients"]) == 1, "the client of a table still held was released"
+    assert_bf16_exact(table.lookup(ids), *demo_rows(0, 1, ids.numpy(), 256))
+    # The last reference gone: the lease is released at once (no reference cycle to wait for).
+    del table
+    wait_for(lambda: daemon.status()["clients"] == [], "dropping the last table did not release its client", 5.0)
+
+
+def test_close_ends_the_client_and_its_tables(daemon_factory):
+    daemon = daemon_factory()
+    daemon.wait_state("ready")
+    client = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30)
+    table = client.table(1)
+    assert client.table(1) is table and table.num_rows == client.table(1).num_rows
+    client.close()
+    assert daemon.status()["clients"] == []
+    with pytest.raises(NotAttachedError, match="is closed"):
+        table.lookup(torch.arange(10))
+    with pytest.raises(NotAttachedError, match="is closed"):
+        client.table(1)
