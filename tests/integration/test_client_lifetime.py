@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import time
 
 import numpy as np
@@ -112,3 +113,40 @@ def test_close_ends_the_client_and_its_tables(daemon_factory):
         table.lookup(torch.arange(10))
     with pytest.raises(NotAttachedError, match="is closed"):
         client.table(1)
+
+
+def test_a_failed_daemon_is_logged_once_while_it_lasts_and_its_end_too(daemon_factory, tmp_path, caplog,
+                                                                       monkeypatch):
+    caplog.set_level(logging.INFO, logger="engram_client")
+    first = daemon_factory("--lease-seconds", "1.5")  # heartbeats every 0.5 s
+    first.wait_state("ready")
+    client = EngramClient(endpoint=first.endpoint, device="cpu", timeout=30)
+    connection, attaches = client._state.connection, []
+    real_request = connection.request
+
+    def counting_request(op, args=None, timeout=5.0):  # the real request, counted
+        if op == "attach":
+            attaches.append(op)
+        return real_request(op, args, timeout)
+
+    monkeypatch.setattr(connection, "request", counting_request)
+    try:
+        first.connection.request("stop")
+        assert first.proc.wait(timeout=30) == 0
+        (tmp_path / "empty").mkdir()
+        broken = daemon_factory("--lease-seconds", "1.5", "--checkpoint", str(tmp_path / "empty"))
+        broken.wait_state("failed")
+        wait_for(lambda: len(attaches) >= 4, "four re-attach attempts to the failed daemon", 30.0)
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not re-attach")]
+        assert len(said) == 1 and "config.json not found" in said[0], said
+        broken.connection.request("stop")
+        assert broken.proc.wait(timeout=30) == 0
+        good = daemon_factory("--lease-seconds", "1.5")
+        good.wait_state("ready")
+        back = wait_for(lambda: [r.getMessage() for r in caplog.records if "re-attached" in r.getMessage()],
+                        "the client to re-attach to the good daemon", 30.0)
+        assert "failed attempts" in back[0] and "could not re-attach" in back[0], back
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not re-attach")]
+        assert len(said) == len(set(said)), said  # each state once (failed, then loading)
+    finally:
+        client.close()
