@@ -145,7 +145,8 @@ def test_a_failed_daemon_is_logged_once_while_it_lasts_and_its_end_too(daemon_fa
         good.wait_state("ready")
         back = wait_for(lambda: [r.getMessage() for r in caplog.records if "re-attached" in r.getMessage()],
                         "the client to re-attach to the good daemon", 30.0)
-        assert "failed attempts" in back[0] and "could not re-attach" in back[0], back
+        # The last problem may be the failed daemon's, the gap with no socket, or the new one loading.
+        assert "failed attempts; the last: " in back[0], back
         said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not re-attach")]
         assert len(said) == len(set(said)), said  # each state once (failed, then loading)
     finally:
