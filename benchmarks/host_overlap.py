@@ -169,7 +169,7 @@ def main() -> None:
                                   gather_threads=threads)
             layer = client.layers[0]
             table = client.table(layer)
-            host = replace(table, config=replace(table.config, path="host"))
+            host = replace(table._rows, config=replace(table.config, path="host"))  # the client's rows, other options
             sampler = IdSampler(table, table.device)
             print(f"{threads} gather threads, layer {layer}:", flush=True)
             run = {"threads": threads}

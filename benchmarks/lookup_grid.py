@@ -74,8 +74,8 @@ def main() -> None:
                   f"{'mm alone':>8} {'mm with':>8} {'slowdown':>8} {'both done':>9} {'serial':>7}")
             results = []
             for block_rows, num_warps, programs, priority in CONFIGS:
-                table = replace(base, config=replace(base.config, path="uva", block_rows=block_rows,
-                                                     num_warps=num_warps, max_programs=programs))
+                table = replace(base._rows, config=replace(base.config, path="uva", block_rows=block_rows,
+                                                           num_warps=num_warps, max_programs=programs))
                 head = f"{block_rows:>8} {num_warps:>5} {programs or 'all':>5} {priority:>4}"
                 try:
                     with torch.cuda.stream(torch.cuda.Stream(device, priority=priority)):

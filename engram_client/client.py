@@ -30,6 +30,7 @@ from .hot_rows import HotRowCache
 from .lookup_config import LookupConfig, default_gather_threads
 from .mapped_generation import MappedGeneration
 from .readiness import wait_ready
+from .layer_table import LayerTable
 from .table import EngramTable
 from .token_rows import hasher_for, prefetch_tokens
 
@@ -62,6 +63,9 @@ class EngramClient:
         self.auto_refresh = auto_refresh
         self._state = ClientState(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
+        # The tables handed out, held weakly: each holds the client, so holding them here would make
+        # a cycle that only the cyclic collector could end (the lease would outlive the last reference).
+        self._handles: weakref.WeakValueDictionary[int, EngramTable] = weakref.WeakValueDictionary()
         try:
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
                 raise ValueError(f"hot_cache_bytes={hot_cache_bytes}: the hot-row cache lives in GPU memory and "
@@ -87,7 +91,7 @@ class EngramClient:
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
         state.boot_id = reply["boot_id"]
         try:
-            state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges)
+            state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid)
         except BaseException:
             self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
             raise
@@ -105,14 +109,14 @@ class EngramClient:
                                                       name="engram-client-heartbeat", daemon=True)
             state.heartbeat_thread.start()
 
-    def _new_table(self, lv, layer_count: int) -> EngramTable:
+    def _new_table(self, lv, layer_count: int) -> LayerTable:
         """A table with this client's lookup config, for one layer's view (warmed on CUDA: the
         host path's first host function and kernel launch are slow, and belong to attach)."""
         config = self.lookup_config
         cache = HotRowCache.for_budget(config.hot_cache_bytes // layer_count, lv.layout.head_dim, config.out_dtype,
                                        self.device, refresh_every=config.hot_cache_refresh_every) \
             if config.hot_cache_bytes else None
-        table = EngramTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, config=config,
+        table = LayerTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, config=config,
                             host_rows=lv.host_view, pool=self._state.pool, hot_cache=cache,
                             before_call=self._before_call_hook())
         if table._host is not None and self.device.type == "cuda":
@@ -149,7 +153,7 @@ class EngramClient:
                 return False
             reply = state.connection.request("attach", state.attach_args, timeout=10.0)
             try:
-                new = MappedGeneration.open(reply, self.device, self._row_ranges)
+                new = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid)
                 try:
                     new_hasher = hasher_for(new)
                 except BaseException:
@@ -194,16 +198,21 @@ class EngramClient:
 
     # -- public API ------------------------------------------------------------------------
     def table(self, layer: int) -> EngramTable:
-        """The table of one Engram layer, by its layer id (an int, as in ``client.layers``)."""
+        """The table of one Engram layer, by its layer id (an int, as in ``client.layers``).
+        It keeps this client alive (EngramClient(...).table(1).lookup(ids) works); close() ends both."""
         tables = self._state.tables
         if not tables:
             raise NotAttachedError("client is closed")
         if isinstance(layer, bool) or not hasattr(layer, "__index__"):  # "1" would only look absent
             raise UnknownLayerError(f"layer ids are ints, got {type(layer).__name__} {layer!r}: "
                                     f"use one of {self.layers}")
-        if (table := tables.get(layer.__index__())) is None:
+        layer = layer.__index__()
+        if (rows := tables.get(layer)) is None:
             raise UnknownLayerError(f"layer {layer} is not in this table (layers {self.layers})")
-        return table
+        handle = self._handles.get(layer)
+        if handle is None or handle._rows is not rows:  # rows: a refresh may have dropped and re-added the layer
+            handle = self._handles[layer] = EngramTable(rows, self)
+        return handle
 
     @property
     def hasher(self):

@@ -18,7 +18,7 @@ from .core.errors import EngramError, UnknownClientError
 from .fork_guard import release_in_forked_child
 from .hashing.hasher import UnavailableHasher
 from .mapped_generation import MappedGeneration
-from .table import EngramTable
+from .layer_table import LayerTable
 
 log = logging.getLogger("engram_client")
 
@@ -29,13 +29,15 @@ class ClientState:
     def __init__(self, connection: DaemonConnection):
         self.connection = connection
         self.mapped: MappedGeneration | None = None
-        self.tables: dict[int, EngramTable] = {}
+        self.tables: dict[int, LayerTable] = {}  # what client.table() hands out wraps these
         self.stream = None
         self.pool = None  # the gather threads of the host path and of CPU lookups
         self.stop = threading.Event()
         self.heartbeat_thread: threading.Thread | None = None
         self.boot_id: str | None = None
         self.lease_lost = False
+        self._problem: str | None = None  # what the heartbeat thread last logged going wrong, until it recovers
+        self._failures = 0  # heartbeats and re-attaches that failed since the last success
         self.refresh_pending = False  # the daemon serves another generation than the one mapped
         self.attach_args: dict[str, Any] = {}
         self.hasher: Any = UnavailableHasher("the client is not attached")
@@ -54,10 +56,11 @@ class ClientState:
             except UnknownClientError:
                 self._reattach()
             except EngramError as exc:
-                if not self.lease_lost:
-                    log.warning("heartbeat to engramd failed: %s", exc)
                 self.lease_lost = True
+                self._trouble(f"heartbeat to engramd failed: {exc}")
             else:
+                if (note := self._recovered()):
+                    log.info("engramd answers heartbeats again%s", note)
                 if reply.get("boot_id") != self.boot_id:
                     self._reattach()
                 elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
@@ -72,7 +75,7 @@ class ClientState:
                 reply = self.connection.request("attach", self.attach_args, timeout=2.0)
             except EngramError as exc:
                 self.lease_lost = True
-                log.warning("could not re-attach to engramd: %s", exc)
+                self._trouble(f"could not re-attach to engramd: {exc}")
                 return
             mapped = self.mapped
             self.boot_id, self.lease_lost = reply["boot_id"], False
@@ -84,8 +87,24 @@ class ClientState:
                 self.refresh_pending = True
             else:
                 mapped.generation = reply["generation"]
-            log.info("re-attached to engramd (boot %s) as %s%s", reply["boot_id"], mapped.lease_id,
-                     "; a refresh is pending" if self.refresh_pending else "")
+            log.info("re-attached to engramd (boot %s) as %s%s%s", reply["boot_id"], mapped.lease_id,
+                     "; a refresh is pending" if self.refresh_pending else "", self._recovered())
+
+    def _trouble(self, problem: str) -> None:
+        """Log a problem of the heartbeat thread once, not at every beat while it lasts (the thread
+        retries each beat; a daemon that stays failed would fill the log with the same line)."""
+        self._failures += 1
+        if problem != self._problem:
+            log.warning("%s (retrying at every heartbeat; logged again only if this changes)", problem)
+            self._problem = problem
+
+    def _recovered(self) -> str:
+        """'' if nothing went wrong since the last success, else a note that it is over (logged once)."""
+        if self._problem is None:
+            return ""
+        note = f" (after {self._failures} failed attempts; the last: {self._problem})"
+        self._problem, self._failures = None, 0
+        return note
 
     def lease_args(self) -> dict[str, str | None]:
         """The lease's id and the secret that proves it is ours (protocol 1.2)."""

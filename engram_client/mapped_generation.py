@@ -9,7 +9,7 @@ import torch
 
 from .core.errors import CudaRegistrationError, TableFileError
 from .core.layout import LayerLayout
-from .mapping import ReadOnlyMapping
+from .mapping import ReadOnlyMapping, open_table_file
 from .core.table_file import read_header
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -36,18 +36,29 @@ class MappedGeneration:
     layers: dict[int, LayerView] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, reply: dict, device: torch.device, row_ranges: dict[int, tuple[int, int]]) -> "MappedGeneration":
-        """Map (and on CUDA register and verify) the table an attach reply names."""
+    def open(cls, reply: dict, device: torch.device, row_ranges: dict[int, tuple[int, int]],
+             daemon_uid: int | None = None) -> "MappedGeneration":
+        """Map (and on CUDA register and verify) the table an attach reply names; ``daemon_uid``:
+        the owner of the socket the reply came through, whose table files are trusted too."""
         path = reply["table_path"]
-        header, _ = read_header(path)
-        if header.fingerprint != reply["fingerprint"]:
-            raise TableFileError(f"{path}: fingerprint {header.fingerprint} is not the daemon's {reply['fingerprint']}")
-        unknown = set(row_ranges) - {entry.layout.layer for entry in header.layers}
-        if unknown:
-            raise ValueError(f"row_ranges names layers {sorted(unknown)} that the table does not have")
-        mapped = cls(reply["generation"], path, header.fingerprint, reply["client_id"], reply.get("lease_secret", ""))
+        fd = open_table_file(path, daemon_uid)  # owner checked on the descriptor; header, size and mapping from it too
         try:
-            mapped.mapping = ReadOnlyMapping(path, header.total_bytes)
+            # The file must hold all the header says (read_header checks its size): pages past
+            # its end would kill this process with SIGBUS at the first read.
+            header, _ = read_header(path, fd=fd)
+            if header.fingerprint != reply["fingerprint"]:
+                raise TableFileError(f"{path}: fingerprint {header.fingerprint} is not the daemon's "
+                                     f"{reply['fingerprint']}")
+            unknown = set(row_ranges) - {entry.layout.layer for entry in header.layers}
+            if unknown:
+                raise ValueError(f"row_ranges names layers {sorted(unknown)} that the table does not have")
+            mapped = cls(reply["generation"], path, header.fingerprint, reply["client_id"],
+                         reply.get("lease_secret", ""))
+            mapping = ReadOnlyMapping(path, header.total_bytes, fd)
+        finally:
+            os.close(fd)
+        try:
+            mapped.mapping = mapping
             for entry in header.layers:
                 layout = entry.layout
                 lo, hi = row_ranges.get(layout.layer, (0, layout.rows))

@@ -30,7 +30,7 @@ POLL_S = 5e-5
 
 class PrefetchHandle:
     __slots__ = ("_out", "_shape", "_describe", "_event", "_ledger", "_strict", "_keep_alive", "_timeout",
-                 "_error", "_checked")
+                 "_error", "_checked", "_owner")
 
     def __init__(self, out: torch.Tensor, shape: tuple[int, ...], describe: str, event=None, ledger=None,
                  strict: bool = False, keep_alive: tuple = (), timeout: float = 60.0):
@@ -44,6 +44,7 @@ class PrefetchHandle:
         self._timeout = timeout
         self._error: Exception | None = None
         self._checked = not strict or event is None
+        self._owner = None  # the EngramTable that started it: the table (and its client) outlive the handle
 
     @property
     def blocks_host(self) -> bool:

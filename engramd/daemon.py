@@ -217,6 +217,9 @@ class Daemon:
             if self.current.state == READY:
                 self.pending = generation  # the served generation goes on meanwhile
             else:
+                if self.current.path is not None:  # a served file that failed: removed once no lease holds it
+                    self.current.retired_at = time.monotonic()
+                    self.retiring[self.current.number] = self.current
                 self.current, self.pending = generation, None  # nothing served: this becomes the load
         if generation is self.current:
             self._announce()
@@ -264,8 +267,22 @@ class Daemon:
         self.shm.close()
 
     # -- requests (server thread) ------------------------------------------------------------
+    def _check_served_file(self) -> None:
+        """Before status and attach: a served file cut or removed under us fails its generation."""
+        current = self.current
+        problem = current.file_problem()
+        if problem is None:
+            return
+        with self._lock:
+            if self.current is not current or current.state != READY:
+                return  # a load finished meanwhile: the next check looks at the new one
+            current.state, current.error = FAILED, problem
+        log.error("generation %d failed: %s", current.number, problem)
+        self._announce()
+
     def status(self, clients_limit: int = STATUS_CLIENTS) -> dict[str, Any]:
         """The status reply, built now (server thread); also kept as the snapshot metrics read."""
+        self._check_served_file()
         with self._lock:
             self._snapshot = build_status(self.state, self.current, self.pending, list(self.retiring.values()),
                                           self.leases, self.config, self.boot_id, self.started_at, __version__,
@@ -278,6 +295,7 @@ class Daemon:
             return self._snapshot
 
     def attach(self, pid: int, host: str, rank: int | None, device: str, peer: bytes = b"") -> dict[str, Any]:
+        self._check_served_file()
         current = self.current
         if self.stopping or current.state != READY:
             raise NotReadyError(f"no table to attach to: state is {self.state}"

@@ -4,16 +4,24 @@ Where the tests run as root, ``other_user`` creates a throwaway account (useradd
 the attacker's steps as that user in subprocesses (setgid/setuid before exec), and
 deletes the account afterwards; ``daemon_user`` is a second such account, for a daemon
 that runs unprivileged.  Elsewhere the tests that need them skip, saying why.
+``OtherUser.serve`` runs a real ``engramd serve`` as that user (an impostor daemon).
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from dataclasses import dataclass
+from typing import IO
+
+# What `engramd serve` imports (pyproject's dependencies) and the packages themselves.
+DAEMON_PACKAGES = ("engramd", "engram_client", "numpy", "zmq", "msgpack", "click", "prometheus_client", "tokenizers")
 
 import pytest
 
@@ -56,6 +64,48 @@ class OtherUser:
         standard library only: the test interpreter may live where the other user cannot read."""
         return subprocess.Popen([SYSTEM_PYTHON, "-c", code, *args], preexec_fn=self._demote, cwd="/",
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def serve(self, site: str, endpoint: str, shm_dir: str, *extra: str, output: IO) -> subprocess.Popen:
+        """``engramd serve`` as this user, on the system's Python with the packages in ``site``
+        (daemon_site); its log goes to ``output``.  The caller ends it."""
+        argv = [SYSTEM_PYTHON, "-s", "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
+                "--no-progress", "--log-level", "info", *extra]
+        env = {"PYTHONPATH": site, "PATH": "/usr/bin:/bin", "HOME": "/", "PYTHONDONTWRITEBYTECODE": "1"}
+        return subprocess.Popen(argv, preexec_fn=self._demote, cwd="/", env=env, stdout=output,
+                                stderr=subprocess.STDOUT)
+
+
+def daemon_site() -> str:
+    """A directory every user can read holding engramd and what it imports, as the test
+    interpreter has them (hard links where possible): that interpreter's own tree may be one
+    only root can enter.  Skips where the system's Python could not load these extensions.
+    The caller removes it."""
+    if sysconfig.get_config_var("SOABI") != subprocess.run(
+            [SYSTEM_PYTHON, "-c", "import sysconfig; print(sysconfig.get_config_var('SOABI'))"],
+            capture_output=True, text=True, timeout=60).stdout.strip():
+        pytest.skip(f"{SYSTEM_PYTHON} is not the test interpreter's Python version: it cannot run this engramd")
+    site = tempfile.mkdtemp(prefix="engt-site-")
+    os.chmod(site, 0o755)
+    sources = set()
+    for name in DAEMON_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            pytest.skip(f"package {name} is not installed")
+        package = spec.submodule_search_locations[0]
+        sources.add(package)
+        parent = os.path.dirname(package)
+        sources.update(os.path.join(parent, entry) for entry in os.listdir(parent) if entry.endswith(".libs"))
+    for source in sources:
+        shutil.copytree(source, os.path.join(site, os.path.basename(source)), copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    return site
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 @contextlib.contextmanager

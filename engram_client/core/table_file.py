@@ -139,16 +139,15 @@ class TableHeader:
         return header, state
 
 
-def read_header(path: str, require_complete: bool = True) -> tuple[TableHeader, int]:
-    """Read and check a table file's header without mapping its data."""
-    # Read through a mapping, not read(2): hugetlbfs files support only mmap.
+def read_header(path: str, require_complete: bool = True, fd: int | None = None) -> tuple[TableHeader, int]:
+    """Read and check a table file's header without mapping its data (from ``fd``, an open
+    descriptor of ``path``, where given: the file already checked, not whatever has the name now)."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < HEADER_BYTES:
-                raise TableFileError(f"{path}: {size} bytes is too short for a table file")
-            with mmap.mmap(f.fileno(), HEADER_BYTES, prot=mmap.PROT_READ) as view:
-                blob = bytes(view[:HEADER_BYTES])
+        if fd is None:
+            with open(path, "rb") as f:
+                size, blob = _header_bytes(f.fileno(), path)
+        else:
+            size, blob = _header_bytes(fd, path)
     except OSError as exc:
         raise TableFileError(f"{path}: cannot read table file: {exc.strerror}") from exc
     header, state = TableHeader.decode(blob, path)
@@ -157,3 +156,12 @@ def read_header(path: str, require_complete: bool = True) -> tuple[TableHeader, 
     if size < header.total_bytes:
         raise TableFileError(f"{path}: file has {size} bytes, its header says {header.total_bytes}")
     return header, state
+
+
+def _header_bytes(fd: int, path: str) -> tuple[int, bytes]:
+    # Read through a mapping, not read(2): hugetlbfs files support only mmap.
+    size = os.fstat(fd).st_size
+    if size < HEADER_BYTES:
+        raise TableFileError(f"{path}: {size} bytes is too short for a table file")
+    with mmap.mmap(fd, HEADER_BYTES, prot=mmap.PROT_READ) as view:
+        return size, bytes(view[:HEADER_BYTES])

@@ -57,8 +57,10 @@ def naive_words_lookup(words_view: torch.Tensor, ids: torch.Tensor, head_dim: in
 
 
 def _with_config(table, **options):
-    """The table with other lookup options (one frozen config: replaced, never changed)."""
-    return replace(table, config=replace(table.config, **options))
+    """The table's rows with other lookup options (one frozen config: replaced, never changed);
+    ``table`` is what client.table() hands out, or such rows already."""
+    rows = getattr(table, "_rows", table)
+    return replace(rows, config=replace(rows.config, **options))
 
 
 def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_steps: int,

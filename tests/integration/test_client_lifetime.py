@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import gc
+import logging
 import time
 
 import numpy as np
+import pytest
 import torch
 
-from engram_client import EngramClient
+from engram_client import EngramClient, NotAttachedError
 from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact
 from waiting import wait_for
@@ -79,3 +81,73 @@ def test_client_reattaches_to_a_restarted_daemon(daemon_factory):
     finally:
         client.close()
     assert second.status()["clients"] == []
+
+
+def test_a_table_keeps_its_client_alive(daemon_factory):
+    # The one-line use: nothing but the table (then the prefetch handle) refers to the client.
+    daemon = daemon_factory()
+    daemon.wait_state("ready")
+    ids = torch.arange(0, 500, dtype=torch.int64)
+    out = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30).table(1).lookup(ids)
+    assert_bf16_exact(out, *demo_rows(0, 1, ids.numpy(), 256))
+    out = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30).table(14).prefetch(ids).wait()
+    assert_bf16_exact(out, *demo_rows(0, 14, ids.numpy(), 256))
+    table = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30).table(1)
+    gc.collect()
+    assert len(daemon.status()["clients"]) == 1, "the client of a table still held was released"
+    assert_bf16_exact(table.lookup(ids), *demo_rows(0, 1, ids.numpy(), 256))
+    # The last reference gone: the lease is released at once (no reference cycle to wait for).
+    del table
+    wait_for(lambda: daemon.status()["clients"] == [], "dropping the last table did not release its client", 5.0)
+
+
+def test_close_ends_the_client_and_its_tables(daemon_factory):
+    daemon = daemon_factory()
+    daemon.wait_state("ready")
+    client = EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30)
+    table = client.table(1)
+    assert client.table(1) is table and table.num_rows == client.table(1).num_rows
+    client.close()
+    assert daemon.status()["clients"] == []
+    with pytest.raises(NotAttachedError, match="is closed"):
+        table.lookup(torch.arange(10))
+    with pytest.raises(NotAttachedError, match="is closed"):
+        client.table(1)
+
+
+def test_a_failed_daemon_is_logged_once_while_it_lasts_and_its_end_too(daemon_factory, tmp_path, caplog,
+                                                                       monkeypatch):
+    caplog.set_level(logging.INFO, logger="engram_client")
+    first = daemon_factory("--lease-seconds", "1.5")  # heartbeats every 0.5 s
+    first.wait_state("ready")
+    client = EngramClient(endpoint=first.endpoint, device="cpu", timeout=30)
+    connection, attaches = client._state.connection, []
+    real_request = connection.request
+
+    def counting_request(op, args=None, timeout=5.0):  # the real request, counted
+        if op == "attach":
+            attaches.append(op)
+        return real_request(op, args, timeout)
+
+    monkeypatch.setattr(connection, "request", counting_request)
+    try:
+        first.connection.request("stop")
+        assert first.proc.wait(timeout=30) == 0
+        (tmp_path / "empty").mkdir()
+        broken = daemon_factory("--lease-seconds", "1.5", "--checkpoint", str(tmp_path / "empty"))
+        broken.wait_state("failed")
+        wait_for(lambda: len(attaches) >= 4, "four re-attach attempts to the failed daemon", 30.0)
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not re-attach")]
+        assert len(said) == 1 and "config.json not found" in said[0], said
+        broken.connection.request("stop")
+        assert broken.proc.wait(timeout=30) == 0
+        good = daemon_factory("--lease-seconds", "1.5")
+        good.wait_state("ready")
+        back = wait_for(lambda: [r.getMessage() for r in caplog.records if "re-attached" in r.getMessage()],
+                        "the client to re-attach to the good daemon", 30.0)
+        # The last problem may be the failed daemon's, the gap with no socket, or the new one loading.
+        assert "failed attempts; the last: " in back[0], back
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not re-attach")]
+        assert len(said) == len(set(said)), said  # each state once (failed, then loading)
+    finally:
+        client.close()
