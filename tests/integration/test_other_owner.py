@@ -74,6 +74,25 @@ def test_root_reads_the_status_of_another_users_daemon(users_daemon, other_user)
     assert os.stat(status["table_path"]).st_uid == other_user.uid
 
 
+def test_a_root_engine_looks_rows_up_from_another_users_daemon(users_daemon, other_user):
+    """Root trusts an owner-only socket directory's owner, so it maps that owner's table too."""
+    import numpy as np
+    import torch
+
+    from engram_client import EngramClient
+    from engram_client.core.demo_rows import demo_rows
+    from exactness import assert_bf16_exact
+
+    endpoint, _ = users_daemon
+    with EngramClient(endpoint=endpoint, device="cpu", timeout=30.0) as client:
+        assert os.stat(client._state.mapped.path).st_uid == other_user.uid
+        layer = client.layers[0]
+        table = client.table(layer)
+        ids = np.arange(0, 64, dtype=np.int64)
+        assert_bf16_exact(table.lookup(torch.from_numpy(ids)), *demo_rows(0, layer, ids, table.head_dim))
+        assert client._state.connection.daemon_uid == other_user.uid
+
+
 def test_root_stops_another_users_daemon(users_daemon):
     endpoint, proc = users_daemon
     result = engramd("stop", "--socket", endpoint)
