@@ -36,7 +36,7 @@ from engram_client.core.protocol import LOADING, READY, STOPPING
 from . import __version__
 from .config import ServeConfig
 from .generation import Generation
-from .lease_limits import STATUS_CLIENTS
+from .lease_limits import STATUS_CLIENTS, Holder
 from .leases import LeaseRegistry
 from .load_job import LoadJob
 from .metrics import NoMetrics
@@ -232,7 +232,7 @@ class Daemon:
         with self._lock:
             return self._snapshot
 
-    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: bytes = b"") -> dict[str, Any]:
+    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: Holder = Holder()) -> dict[str, Any]:
         current = self.current
         if self.stopping or current.state != READY:
             raise NotReadyError(f"no table to attach to: state is {self.state}"
