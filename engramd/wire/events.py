@@ -9,7 +9,8 @@ EVENT_OUT_BYTES of events unread misses the next ones.
 """
 from __future__ import annotations
 
-from . import bounds, zmtp
+from .bounds import EVENT_OUT_BYTES, MAX_FRAMES, SUBSCRIPTION_BYTES
+from .zmtp import encode
 from .peer import OPEN, Peer
 from .stream import StreamEndpoint
 
@@ -17,7 +18,7 @@ from .stream import StreamEndpoint
 class EventEndpoint(StreamEndpoint):
     socket_type = b"PUB"
     peer_types = frozenset({b"SUB", b"XSUB"})
-    max_frame = bounds.SUBSCRIPTION_BYTES
+    max_frame = SUBSCRIPTION_BYTES
 
     def __init__(self, sock, path, notes):
         super().__init__(sock, path, notes)
@@ -25,7 +26,7 @@ class EventEndpoint(StreamEndpoint):
 
     def on_input(self, peer: Peer) -> None:
         while True:
-            item = peer.next_item(bounds.MAX_FRAMES, bounds.MAX_FRAMES * bounds.SUBSCRIPTION_BYTES)
+            item = peer.next_item(MAX_FRAMES, MAX_FRAMES * SUBSCRIPTION_BYTES)
             if item is None:
                 return
             name, body = item
@@ -40,12 +41,12 @@ class EventEndpoint(StreamEndpoint):
                 return
 
     def publish(self, frames: list[bytes]) -> None:
-        pieces = zmtp.encode(frames)
+        pieces = encode(frames)
         size = sum(len(piece) for piece in pieces)
         for peer in list(self.peers.values()):
             if peer.state != OPEN or peer.subscriptions <= 0:
                 continue
-            if peer.out_bytes + size > bounds.EVENT_OUT_BYTES:
+            if peer.out_bytes + size > EVENT_OUT_BYTES:
                 self.dropped += 1
                 continue
             self._send(peer, pieces)

@@ -15,7 +15,7 @@ import time
 
 from engram_client.core.errors import ProtocolError
 
-from . import zmtp
+from .zmtp import COMMAND, MORE, FrameReader, Tally, parse_command
 
 GREETING, HANDSHAKE, OPEN, CLOSING = "greeting", "handshake", "open", "closing"
 
@@ -32,12 +32,12 @@ def credentials(peer_address: str | None) -> tuple[int | None, int | None]:
 
 
 class Peer:
-    def __init__(self, identity: bytes, peer_address: str | None, max_frame: int, tally: zmtp.Tally):
+    def __init__(self, identity: bytes, peer_address: str | None, max_frame: int, tally: Tally):
         self.identity = identity
         self.pid, self.uid = credentials(peer_address)
         self.state = GREETING
         self.connected_at = time.monotonic()
-        self.reader: zmtp.FrameReader | None = zmtp.FrameReader(max_frame, tally)
+        self.reader: FrameReader | None = FrameReader(max_frame, tally)
         self.frames: list[bytes] = []  # the message being received
         self.message_bytes = 0
         self.out: collections.deque[memoryview] = collections.deque()
@@ -65,16 +65,16 @@ class Peer:
             if frame is None:
                 return None
             flags, body = frame
-            if flags & zmtp.COMMAND:
-                if flags & zmtp.MORE or self.frames:
+            if flags & COMMAND:
+                if flags & MORE or self.frames:
                     raise ProtocolError("a command frame inside a message or flagged MORE")
-                return zmtp.parse_command(body)
+                return parse_command(body)
             self.frames.append(body)
             self.message_bytes += len(body)
             if len(self.frames) > max_frames:
                 raise ProtocolError(f"a message of more than {max_frames} frames")
             if self.message_bytes > max_bytes:
                 raise ProtocolError(f"a message of more than {max_bytes} bytes")
-            if not flags & zmtp.MORE:
+            if not flags & MORE:
                 message, self.frames, self.message_bytes = self.frames, [], 0
                 return None, message

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 from engram_client.core.errors import ProtocolError
 
-from . import bounds, zmtp
+from .bounds import MAX_FRAMES, MAX_MESSAGE_BYTES, OUT_BYTES, TOTAL_IN_BYTES, TOTAL_OUT_BYTES
+from .zmtp import encode
 from .peer import OPEN, Peer
 from .stream import StreamEndpoint
 
@@ -21,7 +22,7 @@ from .stream import StreamEndpoint
 class RequestEndpoint(StreamEndpoint):
     socket_type = b"ROUTER"
     peer_types = frozenset({b"DEALER", b"REQ", b"ROUTER"})
-    max_frame = bounds.MAX_MESSAGE_BYTES
+    max_frame = MAX_MESSAGE_BYTES
 
     def __init__(self, sock, path, notes):
         super().__init__(sock, path, notes)
@@ -31,16 +32,16 @@ class RequestEndpoint(StreamEndpoint):
     def on_input(self, peer: Peer) -> None:
         if peer not in self._blocked:
             self._readable[peer] = None
-        if self.unparsed.bytes > bounds.TOTAL_IN_BYTES:
+        if self.unparsed.bytes > TOTAL_IN_BYTES:
             hog = max((p for p in self.peers.values() if p.reader is not None), key=lambda p: p.reader.unparsed)
-            self.close(hog, f"the requests waiting from all peers passed {bounds.TOTAL_IN_BYTES} bytes; "
+            self.close(hog, f"the requests waiting from all peers passed {TOTAL_IN_BYTES} bytes; "
                             f"it held the most ({hog.reader.unparsed} bytes)")
 
     def has_work(self) -> bool:
         return bool(self._readable)
 
     def _may_answer(self, peer: Peer) -> bool:
-        return peer.out_bytes < bounds.OUT_BYTES and (not peer.out_bytes or self.out_total < bounds.TOTAL_OUT_BYTES)
+        return peer.out_bytes < OUT_BYTES and (not peer.out_bytes or self.out_total < TOTAL_OUT_BYTES)
 
     def drained(self, peer: Peer) -> None:
         if peer in self._blocked and self._may_answer(peer):
@@ -60,7 +61,7 @@ class RequestEndpoint(StreamEndpoint):
                     self._blocked.add(peer)
                     continue
                 try:
-                    item = peer.next_item(bounds.MAX_FRAMES, bounds.MAX_MESSAGE_BYTES)
+                    item = peer.next_item(MAX_FRAMES, MAX_MESSAGE_BYTES)
                 except ProtocolError as exc:
                     self.close(peer, str(exc))
                     continue
@@ -89,4 +90,4 @@ class RequestEndpoint(StreamEndpoint):
     def reply(self, peer: Peer, frames: list[bytes]) -> None:
         """Queue a reply's frames (after the routing identity) for ``peer``; a peer gone or cut gets nothing."""
         if peer.state == OPEN and self.peers.get(peer.identity) is peer:
-            self._send(peer, zmtp.encode(frames))
+            self._send(peer, encode(frames))

@@ -17,7 +17,8 @@ import zmq
 
 from engram_client.core.errors import ProtocolError
 
-from . import bounds, zmtp
+from .bounds import CHUNK_BYTES, HANDSHAKE_S, IN_BYTES, RCVHWM_CHUNKS, SNDHWM_CHUNKS
+from .zmtp import GREETING_BYTES, OUR_GREETING, Tally, check_greeting, command, parse_properties, ready
 from .cut import shut_down
 from .peer import CLOSING, GREETING, HANDSHAKE, OPEN, Peer
 
@@ -27,8 +28,8 @@ MAX_BACKOFF_S = 0.1
 
 def configure(sock: zmq.Socket) -> None:
     """Options a STREAM socket needs before bind (the listener hands them to each connection)."""
-    sock.setsockopt(zmq.SNDHWM, bounds.SNDHWM_CHUNKS)
-    sock.setsockopt(zmq.RCVHWM, bounds.RCVHWM_CHUNKS)
+    sock.setsockopt(zmq.SNDHWM, SNDHWM_CHUNKS)
+    sock.setsockopt(zmq.RCVHWM, RCVHWM_CHUNKS)
 
 
 class StreamEndpoint:
@@ -42,7 +43,7 @@ class StreamEndpoint:
         self.notes = notes  # a LogLimiter: what peers make us log is bounded
         self.peers: dict[bytes, Peer] = {}
         self.out_total = 0
-        self.unparsed = zmtp.Tally()  # input held by all peers together
+        self.unparsed = Tally()  # input held by all peers together
         self._waiting: set[Peer] = set()  # peers with output libzmq has not taken yet
         self._housekept = 0.0
 
@@ -51,15 +52,16 @@ class StreamEndpoint:
         """Take what the socket holds (at most ``max_chunks`` chunks): connections, disconnections, bytes."""
         for _ in range(max_chunks):
             try:
-                identity, data = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                identity = self.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            peer = self.peers.get(identity.bytes)
-            body = data.bytes
-            if peer is None:
-                if not body:
-                    self._connected(identity.bytes, data)
+            peer = self.peers.get(identity)
+            if peer is None:  # a new connection: its frame carries the peer's credentials
+                data = self.sock.recv(copy=False)
+                if not data.bytes:
+                    self._connected(identity, data)
                 continue
+            body = self.sock.recv()
             if not body:
                 self._gone(peer)
             elif peer.state != CLOSING:
@@ -69,8 +71,8 @@ class StreamEndpoint:
                         self._handshake(peer)
                     if peer.state == OPEN:
                         self.on_input(peer)
-                    if peer.reader is not None and peer.reader.unparsed > bounds.IN_BYTES:
-                        raise ProtocolError(f"more than {bounds.IN_BYTES} bytes of its requests wait unanswered "
+                    if peer.reader is not None and peer.reader.unparsed > IN_BYTES:
+                        raise ProtocolError(f"more than {IN_BYTES} bytes of its requests wait unanswered "
                                             "(it sends faster than it is answered, or does not read its replies)")
                 except ProtocolError as exc:
                     self.close(peer, str(exc))
@@ -81,13 +83,13 @@ class StreamEndpoint:
         except zmq.ZMQError:
             address = None
         peer = self.peers[identity] = Peer(identity, address, HANDSHAKE_FRAME, self.unparsed)
-        self._send(peer, [zmtp.GREETING, zmtp.ready(self.socket_type)])
+        self._send(peer, [OUR_GREETING, ready(self.socket_type)])
 
     def _handshake(self, peer: Peer) -> None:
         if peer.state == GREETING:
-            if not zmtp.check_greeting(peer.reader.peek(zmtp.GREETING_BYTES)):
+            if not check_greeting(peer.reader.peek(GREETING_BYTES)):
                 return
-            peer.reader.take(zmtp.GREETING_BYTES)
+            peer.reader.take(GREETING_BYTES)
             peer.state = HANDSHAKE
         item = peer.next_item(1, HANDSHAKE_FRAME)
         if item is None:
@@ -96,7 +98,7 @@ class StreamEndpoint:
         if name != b"READY":
             raise ProtocolError(f"expected the READY command, got {name[:20]!r}" if name else
                                 "expected the READY command, got a message")
-        socket_type = zmtp.parse_properties(data).get(b"Socket-Type", b"")
+        socket_type = parse_properties(data).get(b"Socket-Type", b"")
         if socket_type not in self.peer_types:
             raise ProtocolError(f"a {socket_type[:20].decode(errors='replace') or 'nameless'} socket; this one takes "
                                 + ", ".join(sorted(t.decode() for t in self.peer_types)))
@@ -113,7 +115,7 @@ class StreamEndpoint:
     def command(self, peer: Peer, name: bytes, data: bytes) -> None:
         """A command from an open peer: PING is answered; anything a subclass does not take is ignored."""
         if name == b"PING":
-            self._send(peer, [zmtp.command(b"PONG", data[2:18])])
+            self._send(peer, [command(b"PONG", data[2:18])])
         elif name == b"ERROR":
             raise ProtocolError("the peer sent ERROR")
 
@@ -137,9 +139,9 @@ class StreamEndpoint:
         """Give libzmq this peer's output, a chunk at a time, until it takes no more."""
         while peer.out:
             parts, size = [], 0
-            while peer.out and size < bounds.CHUNK_BYTES:
+            while peer.out and size < CHUNK_BYTES:
                 piece = peer.out[0]
-                take = min(len(piece), bounds.CHUNK_BYTES - size)
+                take = min(len(piece), CHUNK_BYTES - size)
                 parts.append(piece[:take])
                 size += take
                 if take == len(piece):
@@ -180,11 +182,11 @@ class StreamEndpoint:
         if now - self._housekept >= 0.1:
             self._housekept = now
             for peer in list(self.peers.values()):
-                if peer.state in (GREETING, HANDSHAKE) and now - peer.connected_at > bounds.HANDSHAKE_S:
-                    self.close(peer, f"no ZMTP handshake within {bounds.HANDSHAKE_S:g} s")
+                if peer.state in (GREETING, HANDSHAKE) and now - peer.connected_at > HANDSHAKE_S:
+                    self.close(peer, f"no ZMTP handshake within {HANDSHAKE_S:g} s")
                 elif peer.state == CLOSING and peer.closed_at is None and now >= peer.retry_at:
                     self._send_close(peer, now)
-                elif peer.closed_at is not None and now - peer.closed_at > bounds.HANDSHAKE_S:
+                elif peer.closed_at is not None and now - peer.closed_at > HANDSHAKE_S:
                     self.peers.pop(peer.identity, None)  # its disconnection message normally comes at once
 
     def wait_s(self) -> float | None:

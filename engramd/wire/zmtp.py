@@ -16,7 +16,7 @@ from engram_client.core.errors import ProtocolError
 
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 GREETING_BYTES = 64
-GREETING = bytes([0xFF]) + bytes(8) + bytes([0x7F, 3, 0]) + b"NULL".ljust(20, b"\0") + bytes(32)
+OUR_GREETING = bytes([0xFF]) + bytes(8) + bytes([0x7F, 3, 0]) + b"NULL".ljust(20, b"\0") + bytes(32)
 
 
 def check_greeting(data: bytes) -> bool:

@@ -6,9 +6,12 @@ had before, growing it by hundreds of MiB.)
 """
 from __future__ import annotations
 
+import array
+import fcntl
 import socket
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -156,12 +159,22 @@ def recv_reply_id(sock: socket.socket) -> int:
     return protocol.unpack(body, limit=protocol.MAX_REPLY_BYTES)["id"]
 
 
-def test_a_peer_that_sends_requests_without_reading_replies_is_cut(demo_daemon):
-    """Back-pressure holds its requests while it does not read; past the input bound it is cut."""
+def unread_bytes(sock: socket.socket) -> int:
+    count = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    return count[0]
+
+
+def test_a_peer_that_keeps_sending_and_never_reads_is_cut(demo_daemon):
+    """Its replies fill every queue up to the bound, so the message that would close it can never
+    reach it; the daemon shuts its connection down itself and stops taking its bytes."""
     sock = connect(endpoints.ipc_path(demo_daemon.endpoint), b"DEALER")
     payload = frame(request("status", 7, {"clients_limit": 1024, "pad": "p" * 400}))
+    sock.sendall(payload * 600)  # 280 KB of requests whose 580 KB of replies it never reads
+    wait_for(lambda: unread_bytes(sock) > 50_000, "the daemon to answer until this peer's queues are full", 30)
     sent = send_until_cut(sock, payload * 64, 256 << 20)
-    assert was_cut(sock), f"a peer sent {sent >> 20} MiB of requests without reading and was kept"
-    assert sent < 64 << 20
+    assert sent < 64 << 20, f"a peer sent {sent >> 20} MiB of requests without reading and was kept"
+    assert was_cut(sock)
     sock.close()
+    assert "cut a peer" in demo_daemon.log()
     assert demo_daemon.status()["state"] == "ready"
