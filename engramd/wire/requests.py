@@ -62,16 +62,16 @@ class RequestEndpoint(StreamEndpoint):
                     continue
                 try:
                     item = peer.next_item(MAX_FRAMES, MAX_MESSAGE_BYTES)
+                    if item is not None and item[0] is not None:
+                        self.command(peer, *item)
+                        continue
                 except ProtocolError as exc:
                     self.close(peer, str(exc))
                     continue
                 if item is None:
                     self._readable.pop(peer, None)
                     continue
-                name, body = item
-                if name is not None:
-                    self.command(peer, name, body)
-                    continue
+                body = item[1]
                 taken += 1
                 yield peer, body
                 if taken >= limit:

@@ -179,3 +179,16 @@ def test_a_peer_that_keeps_sending_and_never_reads_is_cut(demo_daemon):
     sock.close()
     assert "cut a peer" in demo_daemon.log()
     assert demo_daemon.status()["state"] == "ready"
+
+
+@pytest.mark.parametrize("socket_name,peer_type", [("requests", b"DEALER"), ("events", b"SUB")])
+def test_zmtp_commands_are_answered_or_cut_and_the_daemon_goes_on(demo_daemon, socket_name, peer_type):
+    endpoint = demo_daemon.endpoint if socket_name == "requests" else demo_daemon.status()["events_endpoint"]
+    sock = connect(endpoints.ipc_path(endpoint), peer_type)
+    sock.sendall(frame(b"\x04PING\x00\x0aping-ctx", command=True))
+    flags, body = recv_frame(sock)
+    assert flags & 4 and body == b"\x04PONGping-ctx"
+    sock.sendall(frame(b"\x05ERROR\x03bye", command=True))
+    assert was_cut(sock)
+    sock.close()
+    assert demo_daemon.status()["state"] == "ready"
