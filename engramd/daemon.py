@@ -24,57 +24,28 @@ Owns the table files it creates; the socket belongs to server.py.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
 from typing import Any, Callable
 
-from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
+from engram_client.core.errors import NotReadyError, UnknownClientError
 from engram_client.core.protocol import FAILED, LOADING, READY, STOPPING
 
 from . import __version__
 from .config import ServeConfig
 from .daemon_exit import LOAD_STOP_S
 from .generation import Generation
-from .lease_limits import STATUS_CLIENTS
+from .lease_limits import STATUS_CLIENTS, Holder
 from .leases import LeaseRegistry
 from .load_job import LoadJob
 from .metrics import NoMetrics
-from .private_dir import existing_files_directory
-from .served_record import prepare_record, record_path, resume_checkpoint, write_record
+from .served_record import prepare_record, write_record
+from .start_checkpoint import allowed_checkpoint, first_checkpoint
 from .status_report import build_status
 from .shm_dir import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
-
-
-def allowed_checkpoint(checkpoint: str, reload_roots: list[str]) -> str:
-    """Only directories under the configured reload roots may be read."""
-    real = os.path.realpath(checkpoint)
-    for root in reload_roots:
-        root = os.path.realpath(root)
-        if real == root or real.startswith(root.rstrip("/") + "/"):
-            if not os.path.isdir(real):
-                raise ProtocolError(f"reload checkpoint {checkpoint}: no such directory")
-            return real
-    allowed = ", ".join(reload_roots) or "none configured (--reload-root)"
-    raise ProtocolError(f"reload checkpoint {checkpoint} is outside the reload roots ({allowed})")
-
-
-def served_record_path(config: ServeConfig) -> str:
-    """Where the served record of ``config``'s instance is now, found without creating anything
-    (``--print-config`` asks before any daemon made its files directory)."""
-    shm_dir, instance = os.path.abspath(config.shm_dir), instance_id(config.endpoint)
-    path = record_path(existing_files_directory(shm_dir, instance) or shm_dir, instance)
-    return path if os.path.lexists(path) else record_path(shm_dir, instance)
-
-
-def first_checkpoint(config: ServeConfig) -> tuple[str | None, str | None]:
-    """What a daemon started with ``config`` loads first, and why where that is not --checkpoint
-    (the daemon's start and ``serve --print-config`` both ask here)."""
-    return resume_checkpoint(served_record_path(config), config.checkpoint,
-                             lambda checkpoint: allowed_checkpoint(checkpoint, config.reload_roots))
 
 
 class Daemon:
@@ -294,7 +265,7 @@ class Daemon:
         with self._lock:
             return self._snapshot
 
-    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: bytes = b"") -> dict[str, Any]:
+    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: Holder = Holder()) -> dict[str, Any]:
         self._check_served_file()
         current = self.current
         if self.stopping or current.state != READY:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .lease_limits import PER_PEER, TOTAL, LeaseLimitError
+from .lease_limits import PER_PEER, PER_PROCESS, PER_USER, TOTAL, Holder, LeaseLimitError
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Lease:
     device: str
     generation: int
     secret: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
-    peer: bytes = b""  # the connection that attached it
+    holder: Holder = Holder()  # the connection (and process, user) that attached it
     attached_at: float = field(default_factory=time.time)
     renewed_at: float = field(default_factory=time.monotonic)
 
@@ -44,14 +44,31 @@ class LeaseRegistry:
         self._leases: dict[str, Lease] = {}
         self._ids = itertools.count(1)
 
-    def grant(self, pid: int, host: str, rank: int | None, device: str, generation: int, peer: bytes = b"") -> Lease:
+    def grant(self, pid: int, host: str, rank: int | None, device: str, generation: int,
+              holder: Holder = Holder()) -> Lease:
         if len(self._leases) >= TOTAL:
             raise LeaseLimitError(f"the daemon holds {TOTAL} leases, its limit; detach unused clients first")
-        if peer and sum(1 for lease in self._leases.values() if lease.peer == peer) >= PER_PEER:
-            raise LeaseLimitError(f"this connection holds {PER_PEER} leases, the limit for one connection")
-        lease = Lease(f"c{next(self._ids)}-{secrets.token_hex(4)}", pid, host, rank, device, generation, peer=peer)
+        self._check_holder(holder)
+        lease = Lease(f"c{next(self._ids)}-{secrets.token_hex(4)}", pid, host, rank, device, generation,
+                      holder=holder)
         self._leases[lease.id] = lease
         return lease
+
+    def _check_holder(self, holder: Holder) -> None:
+        by_peer = by_process = by_user = 0
+        for lease in self._leases.values():
+            held = lease.holder
+            by_peer += bool(holder.connection) and held.connection == holder.connection
+            by_process += holder.pid is not None and held.pid == holder.pid
+            by_user += holder.uid is not None and held.uid == holder.uid
+        if by_peer >= PER_PEER:
+            raise LeaseLimitError(f"this connection holds {PER_PEER} leases, the limit for one connection")
+        if by_process >= PER_PROCESS:
+            raise LeaseLimitError(f"this process (pid {holder.pid}) holds {PER_PROCESS} leases, "
+                                  "the limit for one process")
+        if by_user >= PER_USER:
+            raise LeaseLimitError(f"the processes of uid {holder.uid} hold {PER_USER} leases, the limit for one "
+                                  f"user (the rest of the daemon's {TOTAL} are kept for other users)")
 
     def _held(self, client_id: str, secret: str) -> Lease | None:
         lease = self._leases.get(client_id)

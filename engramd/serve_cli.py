@@ -33,7 +33,7 @@ def _resolved(values: dict[str, Any], config: "ServeConfig", checkpoint: str | N
 
 
 def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
-    from .daemon import first_checkpoint
+    from .start_checkpoint import first_checkpoint
     from .shm_check import check_shm_dir
 
     try:

@@ -1,10 +1,13 @@
 """The daemon's ZeroMQ front: a ROUTER for requests, a PUB for state events.
 
-One thread owns both sockets.  It polls with a short timeout so that leases
+Both are ZMQ_STREAM sockets on which the daemon speaks ZMTP itself and plays the ROUTER
+and the PUB (wire/: what a peer can make it hold is bounded in bytes, and a peer past the
+bounds is cut).  One thread owns both sockets.  It polls with a short timeout so that leases
 expire, stop requests and signals are noticed, and state events queued by the
 load thread are published, even when no request arrives.  Every request gets
 exactly one reply; the mapping from exceptions to error replies happens here and
 nowhere else.  Frames that cannot be answered (no routing identity) are dropped.
+What peers make the daemon log is clipped and rate-limited (log_limit.py).
 
 Owns the sockets and the socket files; the table belongs to daemon.py.
 """
@@ -27,43 +30,20 @@ from .config import ServeConfig
 from .daemon import Daemon
 from .ops import OPERATIONS
 from .fd_limits import PeerCap, peer_budget, raise_nofile_limit
-from .lock_owner import holder, socket_lock_path, write_pid
+from .lease_limits import Holder
+from .log_limit import LogLimiter, clip
+from .endpoint_lock import EndpointLock
 from .memory_trim import HeapTrimmer
 from .progress import progress_for
 from .metrics import Metrics, NoMetrics
 from .notify import EXIT_LOAD_FAILED, SystemdNotifier
 from .remote_status import RemoteStatus
-from .safe_paths import check_bind_path, prepare_socket_dir, release_lock, same_file_at, take_lock
+from .safe_paths import check_bind_path, same_file_at
+from .wire import EventEndpoint, RequestEndpoint, configure
 
 log = logging.getLogger("engramd.server")
 POLL_MS = 100
 DRAIN_PER_POLL = 256  # answer at most this many requests before housekeeping runs again
-HANDSHAKE_MS = 5000
-REPLY_QUEUE = 256  # replies queued per peer: a client may pipeline this many requests and read them all
-REQUEST_QUEUE = 16  # requests taken in per peer before it has to wait
-
-
-class EndpointLock:
-    """An flock beside an ipc socket: binding would silently steal a live daemon's path."""
-
-    def __init__(self, endpoint: str):
-        self.path = None
-        self.fd = -1
-        socket_path = endpoints.ipc_path(endpoint)
-        if socket_path is None:
-            return
-        directory = os.path.dirname(socket_path) or "."
-        prepare_socket_dir(directory, default=endpoint == endpoints.default_endpoint())
-        self.path = socket_lock_path(socket_path)
-        self.fd = take_lock(self.path, "socket lock", lambda: (
-            f"another engramd{holder(self.path)} is serving {endpoint}; "
-            f"stop it first: engramd stop --socket {endpoint}"))
-        write_pid(self.fd)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            release_lock(self.path, self.fd)
-            self.fd = -1
 
 
 class Server:
@@ -84,8 +64,11 @@ class Server:
             peers = peer_budget(soft_limit)  # refuses a limit too low to serve, before anything is bound
             self.metrics = Metrics() if config.metrics_port is not None else NoMetrics()
             self.daemon = Daemon(config, on_state_change=self.events.put, metrics=self.metrics)
-            self.router = self._bind(zmq.ROUTER, config.endpoint)
-            self.pub = self._bind(zmq.PUB, config.events_endpoint)
+            self.router = self._bind(zmq.STREAM, config.endpoint)  # plays the ROUTER (wire/requests.py)
+            self.pub = self._bind(zmq.STREAM, config.events_endpoint)  # plays the PUB (wire/events.py)
+            self.notes = LogLimiter(log)
+            self.requests = RequestEndpoint(self.router, endpoints.ipc_path(config.endpoint), self.notes)
+            self.publisher = EventEndpoint(self.pub, endpoints.ipc_path(config.events_endpoint), self.notes)
             self.peer_cap = PeerCap(peers)
             self.peer_cap.watch(self.router)
             self.peer_cap.watch(self.pub)
@@ -117,17 +100,7 @@ class Server:
             check_bind_path(path, "socket")  # binding replaces whatever stands at the path
         sock = self.context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        # Set before bind: the listener hands its options to each connection it accepts.
-        # Per peer: a ROUTER drops replies to a peer with REPLY_QUEUE of them unread and a PUB
-        # drops events, so a peer that never reads costs at most that many messages; a peer
-        # that sends faster than it is answered waits on its own socket (REQUEST_QUEUE).
-        sock.setsockopt(zmq.SNDHWM, REPLY_QUEUE)
-        sock.setsockopt(zmq.RCVHWM, REQUEST_QUEUE)
-        # Both sockets: a PUB receives its subscribers' subscription frames, which are as
-        # much a peer's input as requests are.
-        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
-        # A connection that never completes the ZMTP handshake holds a descriptor: not for long.
-        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
+        configure(sock)  # before bind: the listener hands its options to each connection it accepts
         old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
             sock.bind(endpoint)
@@ -170,8 +143,10 @@ class Server:
                 pass
 
     # -- request handling --------------------------------------------------------------
-    def handle(self, frames: list[bytes], allowed: tuple[str, ...] | None = None) -> list[bytes] | None:
-        """One request's frames in, the reply's frames out (None: drop, cannot be answered)."""
+    def handle(self, frames: list[bytes], allowed: tuple[str, ...] | None = None,
+               peer: Holder | None = None) -> list[bytes] | None:
+        """One request's frames in, the reply's frames out (None: drop, cannot be answered).
+        ``peer``: who sent it, as the kernel told (default: the routing identity alone)."""
         if len(frames) < 2:
             return None
         identity, body = frames[0], frames[1:]
@@ -187,15 +162,18 @@ class Server:
             request_id, op, args = protocol.parse_request(message)
             if allowed is not None and op not in allowed:
                 raise ProtocolError(f"operation {op!r} is not served on this endpoint (only {', '.join(allowed)})")
-            reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args, peer=identity))
+            reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args,
+                                                                         peer=peer or Holder(identity)))
             self.metrics.requests.labels(op=op).inc()
         except EngramError as exc:
             self.metrics.errors.labels(code=exc.code).inc()
-            log.warning("refused request %r: %s: %s", request_id, type(exc).__name__, exc)
+            self.notes.warning(f"refused requests ({exc.code})", "refused request %s: %s: %s",
+                               clip(repr(request_id), 64), type(exc).__name__, clip(str(exc)))
             reply = protocol.error_reply(request_id, exc.code, type(exc).__name__, str(exc))
         except Exception as exc:  # a bug in a handler must not take the daemon down
             self.metrics.errors.labels(code="internal").inc()
-            log.exception("request %r failed inside the daemon", request_id)
+            self.notes.log(logging.ERROR, "requests failed inside the daemon", "request %s failed inside the daemon",
+                           clip(repr(request_id), 64), exc_info=True)
             reply = protocol.error_reply(request_id, "internal", type(exc).__name__, f"internal error: {exc}")
         return envelope + [protocol.pack(reply)]
 
@@ -210,7 +188,18 @@ class Server:
                 try:
                     sock.send_multipart(reply, zmq.NOBLOCK)
                 except zmq.ZMQError as exc:  # the peer went away or its queue is full
-                    log.warning("could not send a reply: %s", exc)
+                    self.notes.warning("replies not sent", "could not send a reply: %s", exc)
+
+    def _answer(self) -> None:
+        for peer, frames in self.requests.requests(DRAIN_PER_POLL):
+            reply = self.handle([peer.identity, *frames], peer=Holder(peer.identity, peer.pid, peer.uid))
+            if reply is not None:
+                self.requests.reply(peer, reply[1:])
+
+    def _poll_ms(self) -> float:
+        """POLL_MS, or less while some peer's output waits for libzmq to take it."""
+        waits = [wait for wait in (self.requests.wait_s(), self.publisher.wait_s()) if wait is not None]
+        return min([POLL_MS] + [wait * 1000 for wait in waits])
 
     def _publish_events(self) -> None:
         while True:
@@ -219,7 +208,7 @@ class Server:
             except queue.Empty:
                 return
             event = protocol.state_event(state, self.daemon.generation, self.daemon.boot_id)
-            self.pub.send(protocol.pack(event))
+            self.publisher.publish([protocol.pack(event)])
             self.notifier.state(state, self.daemon.generation, self.daemon.error)
             if self.notifier.must_exit(state):
                 log.error("the first load failed under systemd (Type=notify), which waits for READY=1: exiting with "
@@ -240,14 +229,21 @@ class Server:
             self.daemon.start_load()
             poller = zmq.Poller()
             poller.register(self.router, zmq.POLLIN)
+            poller.register(self.pub, zmq.POLLIN)
             for monitor in self.peer_cap.monitors:
                 poller.register(monitor, zmq.POLLIN)
             if self.remote is not None:
                 poller.register(self.remote.socket, zmq.POLLIN)
             while not self.daemon.stop_is_requested():
-                ready = dict(poller.poll(POLL_MS))
+                ready = dict(poller.poll(self._poll_ms()))
                 if self.router in ready:
-                    self._drain(self.router)
+                    self.requests.read()
+                if self.pub in ready:
+                    self.publisher.read()
+                self._answer()
+                self.requests.flush()
+                self.publisher.flush()
+                self.notes.flush()
                 if self.remote is not None and self.remote.socket in ready:
                     self._drain(self.remote.socket, allowed=("status",))
                 self.peer_cap.poll()

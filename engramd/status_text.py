@@ -2,7 +2,9 @@
 
 The one renderer of human status.  The JSON (``status --json``) is the contract for scripts; this text must show the
 same facts.  ``SHOWN_FIELDS`` lists the top-level fields rendered here, and a test
-holds it equal to the fields the daemon sends, so a new field cannot stay hidden.
+holds it equal to the fields the daemon sends, so a new field cannot stay hidden.  Every line goes
+through ``printable``: clients name their own host and device, and no control character of theirs
+may reach the operator's terminal.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import click
 
 from engram_client.core.protocol import FAILED, LOADING, READY
 
+from .printable import printable
 from .progress import render
 from .sizes import human_bytes
 
@@ -112,7 +115,7 @@ def render_status(status: dict[str, Any]) -> list[str]:
     lines.append(f"clients     {total} (a client silent for {status.get('lease_seconds')} s is dropped{shown})")
     lines.extend(_client_line(client, served) for client in clients)
     lines.append(f"events      {status.get('events_endpoint')}")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def print_status(status: dict[str, Any]) -> None:

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 from engram_client.core.errors import ProtocolError
 
-from ..lease_limits import DEVICE_CHARS, HOST_CHARS
+from ..lease_limits import DEVICE_CHARS, HOST_CHARS, Holder
 from .args import arg
 
 
 class Attach:
-    """Grant a lease on the ready table; the reply names the file to map and the lease's secret."""
+    """Grant a lease on the ready table; the reply names the file to map and the lease's secret.
+
+    ``peer`` is who asks (the connection, and the process and user the kernel names): the
+    lease counts against each (lease_limits.py)."""
     name = "attach"
 
-    def execute(self, daemon, args, peer: bytes = b""):
+    def execute(self, daemon, args, peer: Holder = Holder()):
         pid = arg(args, "pid", int)
         if pid <= 0:
             raise ProtocolError(f"argument 'pid' must be positive, got {pid}")

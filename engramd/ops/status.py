@@ -13,7 +13,7 @@ class Status:
     ``clients`` lists at most ``clients_limit`` leases (default 64); ``clients_total`` counts all."""
     name = "status"
 
-    def execute(self, daemon, args, peer: bytes = b""):
+    def execute(self, daemon, args, peer=None):
         limit = arg(args, "clients_limit", int, default=STATUS_CLIENTS)
         if not 0 <= limit <= STATUS_CLIENTS_MAX:
             raise ProtocolError(f"argument 'clients_limit' must be 0..{STATUS_CLIENTS_MAX}, got {limit}")

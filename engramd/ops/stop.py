@@ -6,6 +6,6 @@ class Stop:
     """Ask the daemon to stop once this reply is sent."""
     name = "stop"
 
-    def execute(self, daemon, args, peer: bytes = b""):
+    def execute(self, daemon, args, peer=None):
         daemon.request_stop()
         return {"stopping": True, "boot_id": daemon.boot_id}

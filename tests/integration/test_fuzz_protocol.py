@@ -359,14 +359,18 @@ def test_a_request_of_exactly_the_limit_is_served_one_byte_more_is_dropped(wire)
 
 
 def test_routing_id_impostor_cannot_take_a_peers_replies(wire):
-    """A second DEALER claiming a connected peer's routing id gets nothing; the first keeps its replies."""
+    """A second DEALER claiming a connected peer's routing id gets only the reply to its own request;
+    the first keeps every one of its replies (the daemon routes by connection, never by a claimed id)."""
     first = wire.dealer(ROUTING_ID=b"rank-7")
     assert len(wire.exchange([protocol.pack(protocol.request("status", 1))], first)) == 1
     impostor = wire.dealer(ROUTING_ID=b"rank-7")
     impostor.send(protocol.pack(protocol.request("status", "stolen")))
-    for _ in range(5):
-        assert wire.exchange([protocol.pack(protocol.request("heartbeat", 2, {"client_id": "x"}))], first)
-    assert not impostor.poll(300), "the impostor got a reply"
+    for n in range(5):
+        replies = wire.exchange([protocol.pack(protocol.request("heartbeat", n, {"client_id": "x"}))], first)
+        assert [protocol.unpack(reply[-1])["id"] for reply in replies] == [n]
+    assert impostor.poll(10_000), "the impostor's own request was not answered"
+    assert protocol.unpack(impostor.recv())["id"] == "stolen"
+    assert not impostor.poll(300), "the impostor got a reply meant for the first peer"
     wire.assert_alive()
 
 

@@ -86,3 +86,14 @@ def test_no_import_loops():
     graph = {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
     assert "engram_client.core.errors" in graph["engramd.config"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_wire_knows_nothing_of_requests_meaning():
+    """engramd/wire/ parses ZMTP and bounds peers; the daemon, its operations and leases are above it."""
+    modules = project_modules()
+    graph = {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+    wire = [name for name in graph if name.startswith("engramd.wire")]
+    assert "engramd.wire.stream" in wire
+    above = {"engramd.daemon", "engramd.server", "engramd.ops", "engramd.leases", "engramd.lease_limits"}
+    for name in wire:
+        assert not {target for target in graph[name] if target.split(".ops.")[0] in above} , name

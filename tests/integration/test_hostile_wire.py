@@ -1,0 +1,194 @@
+"""Raw ZMTP peers that try to make the daemon hold more and more memory: frames that never
+end, subscriptions, replies never read.  Each runs against a real daemon, measures its
+resident anonymous memory in /proc, and checks that the peer is cut or held back while the daemon
+keeps answering an honest peer.  (Each failed on the libzmq ROUTER and PUB the daemon
+had before, growing it by hundreds of MiB.)
+"""
+from __future__ import annotations
+
+import array
+import fcntl
+import socket
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+import zmq
+
+from engram_client.core import endpoints, protocol
+from engram_client.core.errors import NotReadyError
+from proc_stats import heap_mib
+from raw_peer import connect, frame, recv_frame, request
+from waiting import wait_for
+
+RAW_PEER = __import__("raw_peer").__file__
+
+
+def send_until_cut(sock: socket.socket, chunk: bytes, total: int) -> int:
+    """Send ``chunk`` until ``total`` bytes went out or the daemon cuts us; returns the bytes sent."""
+    sent = 0
+    try:
+        while sent < total:
+            sock.sendall(chunk)
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except socket.timeout:  # the daemon stopped reading and did not cut us: the caller's was_cut says so
+        pass
+    return sent
+
+
+def was_cut(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.mark.parametrize("socket_name,peer_type", [("requests", b"DEALER"), ("events", b"SUB")])
+@pytest.mark.parametrize("frame_bytes,total", [(4096, 128 << 20), (1, 8 << 20)], ids=["4KiB-frames", "1B-frames"])
+def test_a_message_that_never_ends_is_cut_on_both_sockets(demo_daemon, socket_name, peer_type, frame_bytes, total):
+    endpoint = demo_daemon.endpoint if socket_name == "requests" else demo_daemon.status()["events_endpoint"]
+    pid = demo_daemon.proc.pid
+    before = heap_mib(pid)
+    sock = connect(endpoints.ipc_path(endpoint), peer_type)
+    chunk = frame(b"\x01" * frame_bytes, more=True) * max(1, 65536 // (frame_bytes + 9))  # every frame says MORE
+    sent = send_until_cut(sock, chunk, total)
+    grown = heap_mib(pid) - before
+    assert was_cut(sock), f"the daemon took {sent} bytes of one message and kept the connection"
+    sock.close()
+    assert demo_daemon.status()["state"] == "ready"
+    assert grown < 32, f"the daemon grew by {grown:.0f} MiB holding {sent >> 20} MiB of one unfinished message"
+
+
+def test_subscriptions_are_not_kept_and_cost_nothing(demo_daemon):
+    """8 subscribers x 8 subscriptions of 60 KB: libzmq's PUB kept each in a trie at ~50x its size."""
+    pid = demo_daemon.proc.pid
+    path = endpoints.ipc_path(demo_daemon.status()["events_endpoint"])
+    _reload(demo_daemon, 2)  # a first reload's own heap (~50 MiB, the loader's) is not the subscribers' doing
+    before = heap_mib(pid)
+    subscribers = [connect(path, b"SUB") for _ in range(8)]
+    cut = 0
+    for index, sub in enumerate(subscribers):
+        data = b"".join(frame(b"\x01" + bytes([index, n]) + b"s" * 60_000) for n in range(8))
+        send_until_cut(sub, data, len(data))
+        cut += was_cut(sub)
+    _reload(demo_daemon, 3)  # each reload's end publishes an event to every subscriber left; libzmq's PUB
+    _reload(demo_daemon, 4)  # took in subscriptions only while sending (throttled), so two events
+    grown = heap_mib(pid) - before
+    for sub in subscribers:
+        sub.close()
+    assert cut == len(subscribers), f"only {cut} of {len(subscribers)} subscribers sending 60 KB subscriptions were cut"
+    assert grown < 64, f"the daemon grew by {grown:.0f} MiB for 3.8 MB of subscriptions"
+    honest = zmq.Context.instance().socket(zmq.SUB)
+    honest.setsockopt(zmq.LINGER, 0)
+    honest.setsockopt(zmq.SUBSCRIBE, b"")
+    honest.connect(f"ipc://{path}")
+    try:
+        wait_for(lambda: _reload_and_hear_event(demo_daemon, honest), "an honest subscriber to get an event", 60)
+    finally:
+        honest.close()
+
+
+def _reload(daemon, generation: int) -> None:
+    daemon.connection.request("reload")
+    wait_for(lambda: daemon.status()["generation"] == generation, f"generation {generation} to be served", 60)
+
+
+def _reload_and_hear_event(daemon, sub) -> bool:
+    try:
+        daemon.connection.request("reload")
+    except NotReadyError:  # the previous reload is still loading
+        return False
+    return bool(sub.poll(10_000)) and protocol.unpack(sub.recv())["event"] == "state"
+
+
+def _hold_leases(endpoint: str, processes: int) -> int:
+    """Leases taken by ``processes`` other processes (64 each), with 230-character hosts."""
+    result = subprocess.run([sys.executable, RAW_PEER, endpoints.ipc_path(endpoint), str(processes), "4", "16", "230"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout)
+
+
+def test_peers_that_never_read_replies_are_bounded_in_bytes(daemon_factory):
+    """8 peers pipelining 600 status requests of 1,024 listed clients each and reading none: libzmq's
+    ROUTER queued 256 replies per peer, whatever their size (~120 KiB here, 236 MiB in all)."""
+    daemon = daemon_factory("--lease-seconds", "120")  # the holders' leases must outlive the flood
+    daemon.wait_state("ready")
+    pid = daemon.proc.pid
+    assert _hold_leases(daemon.endpoint, 5) == 320
+    big_status = protocol.pack(protocol.request("status", 1, {"clients_limit": 1024}))
+    assert len(protocol.pack(daemon.connection.request("status", {"clients_limit": 1024}))) > 100_000
+    baseline = heap_mib(pid)
+    path = endpoints.ipc_path(daemon.endpoint)
+    deaf = [connect(path, b"DEALER") for _ in range(8)]
+    for sock in deaf:
+        sock.sendall(frame(big_status) * 600)
+    peak = baseline
+    answered = 0
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the daemon works through what it may answer; the rest waits
+        peak = max(peak, heap_mib(pid))
+        answered += daemon.status(timeout=10)["state"] == "ready"
+        time.sleep(0.2)
+    assert answered > 0
+    assert peak - baseline < 64, f"the daemon grew from {baseline:.0f} to {peak:.0f} MiB for 8 peers that never read"
+    first = deaf[0]
+    first.settimeout(10)
+    replies = 0
+    while replies < 600:  # a deaf peer that starts reading gets every reply, in order
+        assert recv_reply_id(first) == 1
+        replies += 1
+    for sock in deaf:
+        sock.close()
+    time.sleep(2.0)
+    assert daemon.status(timeout=10)["state"] == "ready"
+    assert heap_mib(pid) - baseline < 64, f"the daemon kept {heap_mib(pid) - baseline:.0f} MiB after they closed"
+
+
+def recv_reply_id(sock: socket.socket) -> int:
+    flags, body = recv_frame(sock)
+    assert not flags & 1
+    return protocol.unpack(body, limit=protocol.MAX_REPLY_BYTES)["id"]
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    count = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    return count[0]
+
+
+def test_a_peer_that_keeps_sending_and_never_reads_is_cut(demo_daemon):
+    """Its replies fill every queue up to the bound, so the message that would close it can never
+    reach it; the daemon shuts its connection down itself and stops taking its bytes."""
+    sock = connect(endpoints.ipc_path(demo_daemon.endpoint), b"DEALER")
+    payload = frame(request("status", 7, {"clients_limit": 1024, "pad": "p" * 400}))
+    sock.sendall(payload * 600)  # 280 KB of requests whose 580 KB of replies it never reads
+    wait_for(lambda: unread_bytes(sock) > 50_000, "the daemon to answer until this peer's queues are full", 30)
+    sent = send_until_cut(sock, payload * 64, 256 << 20)
+    assert sent < 64 << 20, f"a peer sent {sent >> 20} MiB of requests without reading and was kept"
+    assert was_cut(sock)
+    sock.close()
+    assert "cut a peer" in demo_daemon.log()
+    assert demo_daemon.status()["state"] == "ready"
+
+
+@pytest.mark.parametrize("socket_name,peer_type", [("requests", b"DEALER"), ("events", b"SUB")])
+def test_zmtp_commands_are_answered_or_cut_and_the_daemon_goes_on(demo_daemon, socket_name, peer_type):
+    endpoint = demo_daemon.endpoint if socket_name == "requests" else demo_daemon.status()["events_endpoint"]
+    sock = connect(endpoints.ipc_path(endpoint), peer_type)
+    sock.sendall(frame(b"\x04PING\x00\x0aping-ctx", command=True))
+    flags, body = recv_frame(sock)
+    assert flags & 4 and body == b"\x04PONGping-ctx"
+    sock.sendall(frame(b"\x05ERROR\x03bye", command=True))
+    assert was_cut(sock)
+    sock.close()
+    assert demo_daemon.status()["state"] == "ready"
