@@ -267,19 +267,21 @@ static PyObject *get_tuning(PyObject *module, PyObject *unused) {
 
 static PyObject *set_signal_tuning(PyObject *module, PyObject *args) {
     long long spin, poll_min, poll_max;
-    if (!PyArg_ParseTuple(args, "LLL", &spin, &poll_min, &poll_max)) return NULL;
+    int predict = 1;
+    if (!PyArg_ParseTuple(args, "LLL|p", &spin, &poll_min, &poll_max, &predict)) return NULL;
     if (spin < 0 || poll_min < 1000 || poll_max < poll_min || poll_max > 100000000) {
         PyErr_Format(PyExc_ValueError, "signal watching: spin %lld ns, naps %lld..%lld ns: want spin >= 0 and "
                      "1 us <= poll_min <= poll_max <= 100 ms", spin, poll_min, poll_max);
         return NULL;
     }
     signal_tuning.spin_ns = spin, signal_tuning.poll_min_ns = poll_min, signal_tuning.poll_max_ns = poll_max;
+    signal_tuning.predict = predict;
     Py_RETURN_NONE;
 }
 
 static PyObject *get_signal_tuning(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(LLL)", (long long)signal_tuning.spin_ns, (long long)signal_tuning.poll_min_ns,
-                         (long long)signal_tuning.poll_max_ns);
+    return Py_BuildValue("(LLLO)", (long long)signal_tuning.spin_ns, (long long)signal_tuning.poll_min_ns,
+                         (long long)signal_tuning.poll_max_ns, signal_tuning.predict ? Py_True : Py_False);
 }
 
 static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
@@ -299,9 +301,11 @@ static PyMethodDef module_methods[] = {
      "(0: off), locality hint 0-3; write staging with non-temporal stores (x86-64)"},
     {"get_tuning", get_tuning, METH_NOARGS, "get_tuning() -> (near, far, hint, streaming)"},
     {"set_signal_tuning", set_signal_tuning, METH_VARARGS,
-     "set_signal_tuning(spin_ns, poll_min_ns, poll_max_ns): how the watching worker polls stream signals:\n"
-     "spinning for spin_ns after the last job, then napping since/64 between polls, within [poll_min, poll_max]"},
-    {"get_signal_tuning", get_signal_tuning, METH_NOARGS, "get_signal_tuning() -> (spin_ns, poll_min_ns, poll_max_ns)"},
+     "set_signal_tuning(spin_ns, poll_min_ns, poll_max_ns, predict=True): how the watching worker polls stream\n"
+     "signals: spinning for spin_ns after the last job, then napping since/64 between polls, within\n"
+     "[poll_min, poll_max]; predict: wake the pool around the next expected burst of a periodic caller"},
+    {"get_signal_tuning", get_signal_tuning, METH_NOARGS,
+     "get_signal_tuning() -> (spin_ns, poll_min_ns, poll_max_ns, predict)"},
     {"stream_signal_support", stream_signal_support, METH_NOARGS,
      "stream_signal_support() -> dict: whether the current context's device answers stream memory operations\n"
      "(a live round trip), why not, and the driver's attributes"},

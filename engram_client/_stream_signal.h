@@ -32,7 +32,12 @@
  * signal is registered one idle worker, the watcher, polls the words: it spins for
  * signal_tuning.spin_ns after the last job it saw, then naps between polls, longer the longer
  * nothing came (since / 64, from poll_min_ns up to poll_max_ns).  The other workers sleep on the
- * pool's condition variable; a claim wakes them.  docs/BENCHMARKS.md has what each costs.
+ * pool's condition variable; a claim wakes them, but a futex wake-up costs tens of microseconds
+ * in a VM.  Decode replays a graph at a steady period, so the watcher also learns the period of
+ * the bursts of claims (one per step) and, with signal_tuning.predict, wakes the whole pool to
+ * spin from a lead before the next expected burst to a lead after it (lead: period / 32, within
+ * [30 us, 300 us]); a burst that does not come within four periods ends the prediction.
+ * docs/BENCHMARKS.md has what each costs the engine's thread and the host's cores.
  *
  * When a pool stops (close, deallocation) its signals move to the orphans, answered by one
  * process-wide thread: a graph captured before close and replayed after must not hang on a
@@ -60,10 +65,15 @@ struct SignalSet {
     atomic_int count, scanners;    /* scanners: threads walking the list now (unregister waits) */
     atomic_int watcher;            /* an idle worker watches the words */
     atomic_llong last_seen_ns;     /* the last claim or eager enqueue */
+    atomic_llong burst_ns;         /* when the last burst of claims began (claims > BURST_GAP_NS apart) */
+    atomic_llong period_ns;        /* a running mean of the gaps between bursts, 0: none yet */
 };
 
+#define BURST_GAP_NS 200000        /* claims closer than this belong to one step */
+#define PERIOD_MAX_NS 200000000    /* longer gaps are pauses, not a period */
+
 /* Set by set_signal_tuning() (docs/BENCHMARKS.md has the measures behind the defaults). */
-static struct { int64_t spin_ns, poll_min_ns, poll_max_ns; } signal_tuning = {2000000, 20000, 1000000};
+static struct { int64_t spin_ns, poll_min_ns, poll_max_ns; int predict; } signal_tuning = {2000000, 20000, 1000000, 1};
 
 /* Every poll of a word passes this gate; the atexit handler closes it and waits for the polls in progress. */
 static atomic_int signal_gate_closed, signal_polls;
@@ -124,9 +134,20 @@ static void signal_run_here(Job *job) {
     signal_run_end(job);
 }
 
+/* A claim: when it came, and (if it opens a burst) the period between bursts.  Racy updates by
+ * concurrent claimers only blur an estimate. */
+static void note_claim(SignalSet *set) {
+    int64_t now = now_ns(), burst = atomic_load(&set->burst_ns);
+    atomic_store(&set->last_seen_ns, now);
+    if (now - burst < BURST_GAP_NS) return;
+    int64_t gap = now - burst, period = atomic_load(&set->period_ns);
+    if (burst && gap < PERIOD_MAX_NS) atomic_store(&set->period_ns, period ? period + (gap - period) / 4 : gap);
+    atomic_store(&set->burst_ns, now);
+}
+
 static void signal_started(Signal *sig) {
     SignalSet *set = sig->set;
-    if (set) atomic_store(&set->last_seen_ns, now_ns());
+    if (set) note_claim(set);
     /* Listed for the workers (who are woken); where the pool is gone (an orphan), run here. */
     if (!job_start(sig->job)) signal_run_here(sig->job);
 }
@@ -281,14 +302,32 @@ static int signals_watch(Pool *pool) {
 #ifdef PR_SET_TIMERSLACK
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  /* naps of tens of microseconds, not the default 50 us more */
 #endif
+    int64_t woken_for = 0;         /* the expected burst the pool was last woken for */
     while (!atomic_load(&pool->stop) && !atomic_load(&pool->listed_jobs) && atomic_load(&set->count)) {
         if (set_claim_any(set)) break;
-        int64_t since = now_ns() - atomic_load(&set->last_seen_ns);
+        int64_t now = now_ns(), since = now - atomic_load(&set->last_seen_ns);
         if (since < signal_tuning.spin_ns) {
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;
         }
-        int64_t nap = since / 64;
+        int64_t nap = since / 64, period = atomic_load(&set->period_ns), burst = atomic_load(&set->burst_ns);
+        if (signal_tuning.predict && period && now - burst < 4 * period) {
+            int64_t lead = period / 32 < 30000 ? 30000 : period / 32 > 300000 ? 300000 : period / 32;
+            int64_t expect = burst + period;
+            while (expect + lead < now) expect += period;
+            if (now >= expect - lead) {  /* inside the window: everyone polls, awake */
+                if (woken_for != expect) {
+                    atomic_store(&pool->spin_until, expect + lead);
+                    pthread_mutex_lock(&pool->lock);
+                    if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
+                    pthread_mutex_unlock(&pool->lock);
+                    woken_for = expect;
+                }
+                for (int i = 0; i < 32; i++) cpu_relax();
+                continue;
+            }
+            if (nap > expect - lead - now) nap = expect - lead - now;  /* wake up for the window */
+        }
         nap_ns(nap < signal_tuning.poll_min_ns ? signal_tuning.poll_min_ns
                : nap > signal_tuning.poll_max_ns ? signal_tuning.poll_max_ns : nap);
     }

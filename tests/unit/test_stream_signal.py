@@ -202,7 +202,7 @@ def test_after_close_a_replay_is_still_answered_and_a_disarmed_one_reads_nothing
     wait_until(lambda: counter[0] == 0 and slot.bad == 2000, "the disarmed run's zeroed rows to be counted")
 
 
-def test_idle_workers_sleep_once_the_spin_window_has_passed(table):
+def test_idle_workers_sleep_once_the_spin_window_and_the_expected_replays_have_passed(table):
     saved = _host_gather.get_signal_tuning()
     _host_gather.set_signal_tuning(1_000_000, 20_000, 1_000_000)  # spin 1 ms after the last job
     pool = open_pool(4, signalled=True)
@@ -212,8 +212,10 @@ def test_idle_workers_sleep_once_the_spin_window_has_passed(table):
         ids = np.arange(500, dtype=np.int64)
         counter = np.zeros(1, dtype=np.int64)
         slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, 500, counter.ctypes.data, 2)
-        stream.run(500)
-        time.sleep(0.05)
+        for _ in range(6):  # a steady period (5 ms), as decode replays: the watcher learns to expect more
+            stream.run(500)
+            time.sleep(0.005)
+        time.sleep(0.1)  # more than four periods without a replay: the prediction has ended
         # Every worker, the watcher included, is seen asleep (state S) in some of 200 samples: a
         # thread spinning on the words would always be running.
         seen_asleep = set()
