@@ -79,14 +79,18 @@ static void staged_free(StagedState *state) {  /* may fail at exit once the cont
     free(state);
 }
 
-/* Buffers and events, allowed while the caller's stream captures a graph (in relaxed mode). */
-static int staged_alloc(StagedState *state) {
+/* Buffers and events (and where the device sees the signal word), allowed while the caller's
+ * stream captures a graph (in relaxed mode). */
+static int staged_alloc(StagedState *state, int signalled) {
     int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
     cu.exchange_capture_mode(&mode);
     int ok = (state->ids_buf = pinned_alloc(ids_bytes(state->capacity) + 64)) &&
              (state->staging = pinned_alloc((size_t)(state->capacity * state->row_bytes))) &&
              !cu_failed(cu.event_create(&state->fork, 0x2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate") &&
-             !cu_failed(cu.event_create(&state->done, 0x2), "cuEventCreate");
+             !cu_failed(cu.event_create(&state->done, 0x2), "cuEventCreate") &&
+             (!signalled || !cu_failed(cu.mem_host_get_device_pointer(&state->word_dev, state->ids_buf +
+                                                                      ids_bytes(state->capacity), 0),
+                                       "cuMemHostGetDevicePointer of the lookup's signal word"));
     cu.exchange_capture_mode(&mode);
     return ok ? 0 : -1;
 }
@@ -116,7 +120,7 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
         return -1;
     }
     state->capacity = capacity, state->row_bytes = row_bytes, state->graph = graph;
-    if (staged_alloc(state)) {
+    if (staged_alloc(state, signalled)) {
         staged_free(state);
         return -1;
     }
@@ -125,11 +129,6 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
     if (signalled) {
         uint32_t *word = (uint32_t *)(state->ids_buf + ids_bytes(capacity));
         *word = SIGNAL_IDLE;
-        if (cu_failed(cu.mem_host_get_device_pointer(&state->word_dev, word, 0),
-                      "cuMemHostGetDevicePointer of the lookup's signal word")) {
-            staged_free(state);
-            return -1;
-        }
         state->signalled = 1;
         state->signal.word = word;
         state->signal.job = &state->job;
