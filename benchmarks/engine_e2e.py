@@ -39,6 +39,7 @@ from engram_client.hashing.hasher import hasher_for_config
 from engram_client.tools.bench import start_daemon
 
 BATCH, PREFILL_SEQS, PREFILL_LEN = 256, 16, 1024
+TOKENS = [VOCAB]  # token ids are drawn below this: the hasher's vocabulary (set in main)
 NEIGHBOUR = """
 import select, sys, torch
 from engram_client import EngramClient
@@ -46,6 +47,8 @@ client = EngramClient(endpoint=sys.argv[1], device="cpu", timeout=600)
 table = client.table(client.layers[0])
 gen = torch.Generator().manual_seed(int(sys.argv[2]))
 ids = [torch.randint(0, table.num_rows, (393216,), generator=gen) for _ in range(4)]
+for warm in ids:
+    table._host.gather_rows(table, warm)
 print("ready", flush=True)
 calls = 0
 while not select.select([sys.stdin], [], [], 0)[0]:
@@ -56,8 +59,9 @@ print(calls, flush=True)
 
 
 def demo_hasher(client, vocab: int):
-    """The client's hasher; the demo table has no token map, so one for its geometry and a synthetic
-    129,280-token map (the hash costs the same whatever the map), checked against the table."""
+    """The client's hasher (the demo table's maps 4,096 tokens); for a table without a token map,
+    one for the demo geometry and a synthetic 129,280-token map (the hash costs the same whatever
+    the map), checked against the table."""
     if client.hasher.available:
         return client.hasher
     ids = torch.arange(VOCAB)
@@ -88,8 +92,8 @@ class Decode:
 
     def __init__(self, model, source):
         dev = model.device
-        self.tokens = torch.randint(0, VOCAB, (BATCH,), device=dev)
-        self.history = torch.randint(0, VOCAB, (BATCH, 3), device=dev)
+        self.tokens = torch.randint(0, TOKENS[0], (BATCH,), device=dev)
+        self.history = torch.randint(0, TOKENS[0], (BATCH, 3), device=dev)
         self.starts = list(range(BATCH))
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
@@ -109,8 +113,8 @@ class Decode:
         torch.cuda.synchronize()
         start.record()
         for _ in range(steps):
-            torch.randint(0, VOCAB, (BATCH,), out=self.tokens)
-            torch.randint(0, VOCAB, (BATCH, 3), out=self.history)
+            torch.randint(0, TOKENS[0], (BATCH,), out=self.tokens)
+            torch.randint(0, TOKENS[0], (BATCH, 3), out=self.history)
             began = time.perf_counter()
             self.graph.replay()
             host.append(time.perf_counter() - began)
@@ -120,7 +124,7 @@ class Decode:
 
 
 def prefill_ms(model, source) -> float:
-    tokens = torch.randint(0, VOCAB, (PREFILL_SEQS * PREFILL_LEN,), device=model.device)
+    tokens = torch.randint(0, TOKENS[0], (PREFILL_SEQS * PREFILL_LEN,), device=model.device)
     starts = list(range(0, tokens.numel(), PREFILL_LEN))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -149,7 +153,25 @@ def stop_neighbours(procs) -> list[int]:
     return calls
 
 
+def check_rows(sources: dict, hasher) -> None:
+    """Every source's rows for the same prefill tokens, bit for bit the HBM table's."""
+    tokens = torch.randint(0, TOKENS[0], (PREFILL_SEQS * PREFILL_LEN,), device="cuda")
+    starts = list(range(0, tokens.numel(), PREFILL_LEN))
+    expected = None
+    for name, source in sources.items():
+        if source is None:
+            continue
+        source.begin(tokens, starts, None)
+        got = [source.rows(layer).view(torch.int16) for layer in hasher.layers]
+        torch.cuda.synchronize()
+        if expected is None:
+            expected = got
+        elif not all(torch.equal(a, b) for a, b in zip(got, expected)):
+            raise SystemExit(f"{name}'s rows differ from {next(iter(n for n, s in sources.items() if s))}'s")
+
+
 def measure(model, sources: dict, args, label: str) -> dict:
+    check_rows(sources, model.hasher)
     decodes = {name: Decode(model, source) for name, source in sources.items()}
     for name, source in sources.items():
         prefill_ms(model, source)  # warm-up
@@ -209,11 +231,14 @@ def main() -> None:
         results.update(lookup_path_info=client.lookup_path_info, table_bytes=client.status()["table_bytes"],
                        attach_s=time.perf_counter() - started)
         hasher = demo_hasher(client, vocab)
+        TOKENS[0] = min(VOCAB, hasher.vocab)
+        results["token_vocab"] = TOKENS[0]
         hbm = HbmRows(client, hasher)
         for name in args.models.split(","):
             shape = SHAPES[name]
             model = Model(shape, tuple(hasher.layers), len(client.table(hasher.layers[0]).head_sizes) * 256,
                           client.device, BATCH)
+            model.hasher = hasher
             sources = {"none": None, "hbm": hbm, "host": ClientRows(client, hasher), "uva": UvaRows(client, hasher)}
             results["models"][name] = measure(model, sources, args, name)
             if args.busy_neighbours and name in args.busy_models.split(","):

@@ -42,13 +42,23 @@ def _us(samples: list[float]) -> float:
 
 def eager(table, rows: int, iterations: int, on: str) -> dict:
     stream = torch.cuda.current_stream()
-    gpu, host = [], []
+    gpu, host, split = [], [], []
+
+    def call() -> None:
+        t0 = time.perf_counter()
+        handle = table.prefetch(ids)
+        t1 = time.perf_counter()
+        handle.wait()
+        split.append(((t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6))
+
     for _ in range(iterations):
         ids = torch.randint(0, table.num_rows, (rows,), device=on)
-        g, h = timed(lambda: table.prefetch(ids).wait(), stream)
+        g, h = timed(call, stream)
         gpu.append(g)
         host.append(h)
-    return {"host_us": _us(host[5:]), "gpu_visible_us": _us(gpu[5:])}
+    return {"host_us": _us(host[5:]), "gpu_visible_us": _us(gpu[5:]),
+            "prefetch_us": statistics.median(p for p, _ in split[5:]),
+            "wait_us": statistics.median(w for _, w in split[5:])}
 
 
 def replay(table, rows: int, iterations: int) -> dict:
@@ -154,12 +164,16 @@ def measure(endpoint: str, signalling: str | None, rows: int, iterations: int) -
                   "eager_host_ids": eager(table, rows, iterations, "cpu"),
                   "prefill_gpu_ids": eager(table, PREFILL, 15, "cuda")}
         if path == "host":
+            result["dequant_launch"] = table._host._dequant.launch
+            result["decode_chunks"] = host_lookup.chunk_count(rows, table._host.row_bytes, table._host.signalled)
             result["replay"] = replay(table, rows, iterations)
             result["pieces"] = pieces(table, rows, iterations)
             if signalling == host_signal.STREAM_MEMOPS:
                 saved = host_lookup.DECODE_CHUNK_ROWS
-                host_lookup.DECODE_CHUNK_ROWS = 1 << 40
-                result["one_chunk"] = eager(table, rows, iterations, "cuda")
+                for chunks, chunk_rows in ((1, 1 << 40), (4, 1536)):  # what each chunk costs and buys
+                    host_lookup.DECODE_CHUNK_ROWS = chunk_rows
+                    result[f"chunks_{chunks}"] = {"eager_gpu_ids": eager(table, rows, iterations, "cuda"),
+                                                  "replay": replay(table, rows, iterations)}
                 host_lookup.DECODE_CHUNK_ROWS = saved
                 result["engine_thread"] = engine_thread(table, 50)
         return result

@@ -36,9 +36,11 @@ MAX_CHUNKS = _host_gather.MAX_CHUNKS
 stream_capturing = _host_gather.stream_capturing
 IDS_ON_HOST, IDS_ON_DEVICE, IDS_IN_PLACE = 0, 1, 2
 CHUNK_BYTES = 4 << 20  # copies of this size run near the PCIe ceiling; smaller ones pipeline better
-# Signalled slots: a decode-size call (6,144 ids) in four chunks, so the copy of each (~10 us)
-# runs while later ones are gathered; a wait costs the stream microseconds, not a host function's ~35.
-DECODE_CHUNK_ROWS = 1536
+# Signalled slots: a decode-size call (6,144 ids) in two chunks, so the first one's copy runs
+# while the second is gathered; a wait costs the stream microseconds, not a host function's ~35.
+# More chunks pipeline a little more but cost the engine thread ~7 us each (two driver calls) and
+# a graph replay ~5 us each (docs/BENCHMARKS.md, "Decode-size lookups").
+DECODE_CHUNK_ROWS = 3072
 MIN_SLOT_ROWS = 8192  # a decode-size call fits the first slot
 MAX_SLOTS = 8
 SLOT_POLL_S = 5e-5
@@ -101,7 +103,7 @@ class HostPath:
         host are range-checked on the way into pinned memory: a bad one raises before anything is
         enqueued.  Host time matters here: only the output's allocation, two C calls and the
         dequant launch happen per call."""
-        if torch.cuda.current_device() != self.device.index:
+        if torch._C._cuda_getDevice() != self.device.index:  # torch.cuda.current_device(), less its checks
             # A rank whose current device is another GPU: the driver calls, the slot's events and the
             # dequant kernel all belong to this client's device, so make it current for the call.
             with torch.cuda.device(self.device):
@@ -111,8 +113,9 @@ class HostPath:
     def _prefetch(self, table, flat: torch.Tensor, shape: tuple[int, ...], caller: int,
                   capturing: bool) -> PrefetchHandle:
         n = flat.numel()
-        on_host = flat.device.type == "cpu"
-        if not on_host and flat.device != self.device:
+        ids_device = flat.device
+        on_host = ids_device.type == "cpu"
+        if not on_host and ids_device != self.device:
             flat = flat.to(self.device, non_blocking=True)  # ids on another GPU
         if not (capturing and on_host):  # a captured host buffer is read in place at every replay
             flat = flat.contiguous()

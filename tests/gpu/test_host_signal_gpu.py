@@ -79,7 +79,7 @@ def test_each_signalling_is_exact_eagerly_and_under_graph_replay(demo_daemon, si
     with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path="host") as client:
         table = client.table(14)
         rng = np.random.default_rng(11)
-        for n in (1, 33, 1537, 6144, 49152):  # one block, one chunk, chunks of a decode call, prefill-ish
+        for n in (1, 33, 3073, 6144, 49152):  # one block, one chunk, chunks of a decode call, prefill-ish
             ids = rng.integers(0, table.num_rows, n)
             assert_bf16_exact(table.lookup(torch.from_numpy(ids).to(id_dtype).to(ids_on)), *demo_rows(0, 14, ids, 256))
         static_ids = torch.zeros(6144, dtype=id_dtype, device=ids_on)
