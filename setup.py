@@ -9,7 +9,7 @@ setup(ext_modules=[
         sources=["engram_client/_host_gather.c"],
         depends=["engram_client/_gather_cuda.h", "engram_client/_gather_pool.h", "engram_client/_gather_tuning.h",
                  "engram_client/_host_gather_staged.h", "engram_client/_stream_signal.h",
-                 "engram_client/_signal_support.h", "engram_client/_signal_test_slot.h", "engram_client/_kernel_launch.h"],
+                 "engram_client/_signal_support.h", "engram_client/_signal_test_slot.h"],
         extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-Wall", "-Wno-missing-braces"],
         extra_link_args=["-pthread"],
         libraries=["dl"],

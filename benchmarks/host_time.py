@@ -164,7 +164,7 @@ def measure(endpoint: str, signalling: str | None, rows: int, iterations: int) -
                   "eager_host_ids": eager(table, rows, iterations, "cpu"),
                   "prefill_gpu_ids": eager(table, PREFILL, 15, "cuda")}
         if path == "host":
-            result["dequant_launch"] = table._host._dequant.launch
+            result["fast_dequant_launch"] = table._host._dequant.fast
             result["decode_chunks"] = host_lookup.chunk_count(rows, table._host.row_bytes, table._host.signalled)
             result["replay"] = replay(table, rows, iterations)
             result["pieces"] = pieces(table, rows, iterations)

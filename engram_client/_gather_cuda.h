@@ -34,9 +34,6 @@ static struct {
     CUresult (*stream_synchronize)(CUstream);
     CUresult (*stream_create)(CUstream *, unsigned int);
     CUresult (*stream_destroy)(CUstream);
-    CUresult (*launch_kernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                              CUstream, void **, void **);
-    CUresult (*func_get_param_info)(void *, size_t, size_t *, size_t *);  /* optional: CUDA 12.4+ */
     /* optional (NULL where the driver lacks them) */
     CUresult (*stream_write_value32)(CUstream, CUdeviceptr, uint32_t, unsigned int);
     CUresult (*stream_wait_value32)(CUstream, CUdeviceptr, uint32_t, unsigned int);
@@ -80,13 +77,11 @@ static int load_cuda(void) {
         SYM(stream_synchronize, "cuStreamSynchronize")
         SYM(stream_create, "cuStreamCreate")
         SYM(stream_destroy, "cuStreamDestroy_v2")
-        SYM(launch_kernel, "cuLaunchKernel")
 #undef SYM
         /* The _v2 memory operations need no module parameter (CUDA 11.7+); the unsuffixed ones are
          * the legacy API, enabled only with NVreg_EnableStreamMemOPs=1, so they are not a fallback. */
         *(void **)&cu.stream_write_value32 = dlsym(lib, "cuStreamWriteValue32_v2");
         *(void **)&cu.stream_wait_value32 = dlsym(lib, "cuStreamWaitValue32_v2");
-        *(void **)&cu.func_get_param_info = dlsym(lib, "cuFuncGetParamInfo");
         cu.loaded = 1;
     }
     pthread_mutex_unlock(&cu_lock);

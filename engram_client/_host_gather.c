@@ -221,7 +221,6 @@ static PyTypeObject PoolType = {
 #include "_host_gather_staged.h"
 #include "_signal_support.h"
 #include "_signal_test_slot.h"
-#include "_kernel_launch.h"
 
 static PyObject *set_error_classes(PyObject *module, PyObject *args) {
     PyObject *base, *detached;
@@ -307,11 +306,6 @@ static PyMethodDef module_methods[] = {
      "[poll_min, poll_max]; predict: wake the pool around the next expected burst of a periodic caller"},
     {"get_signal_tuning", get_signal_tuning, METH_NOARGS,
      "get_signal_tuning() -> (spin_ns, poll_min_ns, poll_max_ns, predict)"},
-    {"kernel_param_sizes", kernel_param_sizes, METH_O,
-     "kernel_param_sizes(function) -> the byte sizes of a CUfunction's parameters, or None (no cuFuncGetParamInfo)"},
-    {"launch_kernel", launch_kernel, METH_VARARGS,
-     "launch_kernel(function, grid, threads, shared, ptr_a, ptr_b, n, nulls, stream): cuLaunchKernel with\n"
-     "parameters (ptr_a, ptr_b, int32 n, and `nulls` null pointers)"},
     {"stream_signal_support", stream_signal_support, METH_NOARGS,
      "stream_signal_support() -> dict: whether the current context's device answers stream memory operations\n"
      "(a live round trip), why not, and the driver's attributes"},

@@ -12,11 +12,9 @@ blocks; a few programs looping over the rows finish well inside a prefetch and l
 other SMs alone (docs/BENCHMARKS.md, "The host-gather path").
 
 A lookup's host time matters (it is spent on the engine's thread), so StagedDequant resolves
-the compiled kernel once and launches it from C by its CUfunction handle (_kernel_launch.h: one
-cuLaunchKernel, where the kernel's parameters are the layout that launcher passes), else
-through Triton's compiled-kernel runner, skipping the JIT's per-call argument binding; it
-proves each against the ordinary launch first and keeps the ordinary launch where neither is
-usable with this Triton.  ``launch`` says which one serves.
+the compiled kernel once and launches it through Triton's compiled-kernel runner, skipping
+the JIT's per-call argument binding; it proves that runner against the ordinary launch
+first and keeps the ordinary launch where the runner is not usable with this Triton.
 """
 from __future__ import annotations
 
@@ -46,10 +44,6 @@ def _dequant_staged_kernel(staging_ptr, out_ptr, n_rows, ROW_BYTES: tl.constexpr
         tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], values, mask=in_call[:, None])
 
 
-def _launch_hooked() -> bool:
-    return getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "launch_enter_hook", None) is not None
-
-
 class StagedDequant:
     """dequantize(staging, out, n): enqueue the kernel on the current stream (no checks per call:
     the host path owns both buffers and sized them)."""
@@ -73,7 +67,6 @@ class StagedDequant:
         self.out_dtype = out_dtype
         self._runner = None
         self.fast = False
-        self.launch = "triton"  # or "runner", "direct" (see _resolve)
         self._resolve()
 
     def grid(self, n: int) -> int:
@@ -94,51 +87,26 @@ class StagedDequant:
         self._launch_generic(staging, expected, n)
         try:
             compiled = _dequant_staged_kernel.warmup(staging, expected, n, grid=(1,), **self._constants)
-            direct = self._direct_runner(compiled)
-            candidates = ([("direct", direct)] if direct is not None else []) + \
-                [("runner", self._make_runner(compiled, with_constants)) for with_constants in (True, False)]
-            for name, runner in candidates:
+            for with_constants in (True, False):
                 got = torch.full_like(expected, 7)
+                runner = self._make_runner(compiled, with_constants)
                 runner(staging, got, n, torch.cuda.current_stream(self.device).cuda_stream)
                 torch.cuda.current_stream(self.device).synchronize()
                 if torch.equal(got.view(torch.int16 if got.element_size() == 2 else torch.int32),
                                expected.view(torch.int16 if got.element_size() == 2 else torch.int32)):
-                    self._runner, self.fast, self.launch = runner, True, name
+                    self._runner, self.fast = runner, True
                     return
         except Exception as exc:  # any Triton without this runner: the ordinary launch serves
             torch.cuda.current_stream(self.device).synchronize()
             log.debug("staged dequant keeps Triton's ordinary launch: %s", exc)
-
-    def _direct_runner(self, compiled):
-        """The launch from C, or None where this kernel is not the layout it passes: two pointers,
-        an int32 and up to three scratch pointers the kernel must not need (no scratch asked,
-        one CTA per program, no cooperative or programmatic launch, no profiler hook)."""
-        from .. import _host_gather
-
-        md = compiled.metadata
-        if getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0) or \
-                getattr(md, "profile_scratch_size", 0) or getattr(md, "launch_cooperative_grid", False) or \
-                getattr(md, "launch_pdl", False) or _launch_hooked():
-            return None
-        compiled._init_handles()
-        sizes = _host_gather.kernel_param_sizes(compiled.function)
-        if not sizes or sizes[:3] != [8, 8, 4] or len(sizes) > 6 or any(size != 8 for size in sizes[3:]):
-            return None
-        launch, function, threads = _host_gather.launch_kernel, compiled.function, 32 * md.num_warps
-        shared, nulls = md.shared, len(sizes) - 3
-        block_rows, programs = self.block_rows, self.programs or (1 << 31) - 1
-
-        def runner(staging: torch.Tensor, out: torch.Tensor, n: int, stream: int) -> None:
-            grid = max(1, min((n + block_rows - 1) // block_rows, programs))
-            launch(function, grid, threads, shared, staging.data_ptr(), out.data_ptr(), n, nulls, stream)
-        return runner
 
     def _make_runner(self, compiled, with_constants: bool):
         compiled._init_handles()
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
         constants = self._constant_values if with_constants else ()
         # Launch hooks (profilers) get their metadata; without any, skip building it per call.
-        launch_metadata = compiled.launch_metadata if _launch_hooked() else None
+        hooked = getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "launch_enter_hook", None)
+        launch_metadata = compiled.launch_metadata if hooked is not None else None
         block_rows, programs = self.block_rows, self.programs or (1 << 31) - 1
 
         def runner(staging: torch.Tensor, out: torch.Tensor, n: int, stream: int) -> None:
