@@ -68,9 +68,7 @@ def signalling_for(device: torch.device) -> SignalChoice:
 def _choose(device: torch.device, request: str) -> SignalChoice:
     if request == HOST_FUNCTIONS:
         return SignalChoice(HOST_FUNCTIONS, f"{ENV}={HOST_FUNCTIONS} asks for them")
-    with torch.cuda.device(device):  # the probe runs in the device's context
-        torch.cuda.current_stream(device)
-        support = _host_gather.stream_signal_support()
+    support = _probe(device)
     if support["supported"]:
         return SignalChoice(STREAM_MEMOPS, f"the device answered a live round trip in {support['round_trip_us']:.1f} us",
                             support)
@@ -78,6 +76,13 @@ def _choose(device: torch.device, request: str) -> SignalChoice:
         raise CudaRegistrationError(f"{ENV}={STREAM_MEMOPS}, but {device} cannot signal with stream memory "
                                     f"operations: {support['reason']}")
     return SignalChoice(HOST_FUNCTIONS, f"stream memory operations are not usable here: {support['reason']}", support)
+
+
+def _probe(device: torch.device) -> dict:
+    """The device's answer to a live round trip (_signal_support.h), in its context."""
+    with torch.cuda.device(device):
+        torch.cuda.current_stream(device)
+        return _host_gather.stream_signal_support()
 
 
 def _say(device: torch.device, request: str, choice: SignalChoice) -> None:
