@@ -17,8 +17,7 @@ Decode: batch 256 (one token per sequence, with history), the whole step (hashin
 waits, the model, the next-token argmax) captured in one CUDA graph, fresh random tokens written
 into its inputs before every replay.  Prefill: 16,384 tokens (16 sequences of 1,024), eager.
 Variants alternate within each round; medians over rounds.  Reported: ms per step, tokens/s,
-the loss against hbm; for host, the engine thread's host time per replay and the gather pool's
-CPU use (cores) while decoding.  This is also the worked example docs/integration.md points to.
+the loss against hbm; for host, the gather pool's CPU use (cores) while it ran.  This is also the worked example docs/integration.md points to.
 """
 from __future__ import annotations
 
@@ -106,21 +105,19 @@ class Decode:
             self.next_tokens = model.forward(self.tokens, BATCH, source, self.starts, self.history)
         torch.cuda.synchronize()
 
-    def run(self, steps: int) -> tuple[float, float]:
-        """(GPU ms per step, host us per replay), fresh tokens and history before every step."""
+    def run(self, steps: int) -> float:
+        """GPU ms per step, fresh tokens and history before every step.  (Host time per replay is
+        benchmarks/host_time.py's measure: here the queue fills and replay() waits for the GPU.)"""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        host = []
         torch.cuda.synchronize()
         start.record()
         for _ in range(steps):
             torch.randint(0, TOKENS[0], (BATCH,), out=self.tokens)
             torch.randint(0, TOKENS[0], (BATCH, 3), out=self.history)
-            began = time.perf_counter()
             self.graph.replay()
-            host.append(time.perf_counter() - began)
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / steps, statistics.median(host) * 1e6
+        return start.elapsed_time(end) / steps
 
 
 def prefill_ms(model, source) -> float:
@@ -176,15 +173,12 @@ def measure(model, sources: dict, args, label: str) -> dict:
     for name, source in sources.items():
         prefill_ms(model, source)  # warm-up
     decode = {name: [] for name in sources}
-    replay_host = {name: [] for name in sources}
     prefill = {name: [] for name in sources}
     cpu_before, host_wall = pool_cpu_s(), 0.0
     for round_ in range(args.rounds):
         for name in sources:
             began = time.perf_counter()
-            step_ms, host_us = decodes[name].run(args.decode_steps)
-            decode[name].append(step_ms)
-            replay_host[name].append(host_us)
+            decode[name].append(decodes[name].run(args.decode_steps))
             prefill[name].append(prefill_ms(model, sources[name]))
             if name.startswith("host"):
                 host_wall += time.perf_counter() - began
@@ -199,8 +193,6 @@ def measure(model, sources: dict, args, label: str) -> dict:
         base = result[phase].get("hbm", {}).get("ms")
         for name, entry in result[phase].items():
             entry["loss_vs_hbm"] = entry["ms"] / base - 1 if base else None
-    for name in sources:
-        result["decode"][name]["replay_host_us"] = statistics.median(replay_host[name])
     # Every gather thread's CPU time over the wall time of the host variants' runs (the pool is
     # idle, asleep, while the other variants run, apart from its watcher's naps).
     result["pool_cores_while_host_runs"] = (pool_cpu_s() - cpu_before) / host_wall if host_wall else None

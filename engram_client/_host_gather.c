@@ -4,23 +4,24 @@
  * named by ids (int32 or int64, read raw) from the read-only mapped rows [row_lo, row_hi) into
  * staging memory; an id outside that range is never used as an address: its staged row is zeroed
  * and counted, in the job and in a caller-owned int64 counter (atomically, so Python reads it
- * without any sync).  Work is split in blocks taken from an atomic counter; the thread that waits
- * for a job gathers too.  Workers sleep on a condition variable when idle, after a short spin.
+ * without any sync).  Work is split in blocks taken from an atomic counter.  Workers sleep on a
+ * condition variable when idle, after a short spin.
  *
  * A StagedJob owns pinned ids and staging buffers and enqueues, on a CUDA stream, in stream order:
  *
- *     [ids on the GPU: copy to pinned ids] -> host fn(start the job, wait for chunk 0) -> copy chunk 0
- *     -> host fn(wait for chunk 1) -> copy chunk 1 -> ... -> host fn of the last chunk also ends the job
+ *     [ids on the GPU: copy to pinned ids] -> write ARMED -> wait(chunk 0 staged) -> copy chunk 0
+ *     -> wait(chunk 1 staged) -> copy chunk 1 -> ...        (stream memory operations, _stream_signal.h)
+ *     [ids ...] -> host fn(start, gather chunk 0) -> copy chunk 0 -> host fn(chunk 1) -> ...  (fallback)
  *
  * so the copy of one chunk overlaps the gather of the next, and nothing holds SMs.  The same calls
- * record graph nodes when the stream is capturing (the gather becomes a host node, and every replay
- * gathers the ids then in the input buffer).  libcuda is opened with dlopen at the first GPU use: the
- * module builds and runs without CUDA, and the CPU gather never needs it.
+ * record graph nodes when the stream is capturing, and every replay gathers the ids then in the
+ * input buffer.  libcuda is opened with dlopen at the first GPU use: the module builds and runs
+ * without CUDA, and the CPU gather never needs it.
  *
- * Life cycle: close() (or deallocation) stops and joins the workers; a job still in flight after
- * that is gathered by its own waiting thread.  A child process after fork() refuses to use its
- * parent's pool (the threads are not there) and says so.  A StagedJob still in flight, or held by a
- * captured graph, when it is dropped is leaked rather than freed under a host function.
+ * Life cycle: close() (or deallocation) stops and joins the workers; signals registered then are
+ * answered by one process-wide thread.  A child process after fork() refuses to use its parent's
+ * pool (the threads are not there) and says so.  A StagedJob still in flight, or held by a captured
+ * graph, when it is dropped is leaked rather than freed under a running gather.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -247,43 +248,6 @@ static PyObject *count_outside(PyObject *module, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
-static PyObject *set_tuning(PyObject *module, PyObject *args) {
-    int near, far, hint, streaming;
-    if (!PyArg_ParseTuple(args, "iiip", &near, &far, &hint, &streaming)) return NULL;
-    if (near < 0 || near > 256 || far < 0 || far > 1024 || (far && far <= near) || hint < 0 || hint > 3) {
-        PyErr_Format(PyExc_ValueError, "prefetch of whole rows %d ahead, first lines %d ahead, hint %d: want "
-                     "0 <= near <= 256, far 0 or in (near, 1024], hint 0 to 3", near, far, hint);
-        return NULL;
-    }
-    gather_tuning.near = near, gather_tuning.far = far, gather_tuning.hint = hint;
-    gather_tuning.streaming = streaming;
-    Py_RETURN_NONE;
-}
-
-static PyObject *get_tuning(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(iiiO)", gather_tuning.near, gather_tuning.far, gather_tuning.hint,
-                         gather_tuning.streaming ? Py_True : Py_False);
-}
-
-static PyObject *set_signal_tuning(PyObject *module, PyObject *args) {
-    long long spin, poll_min, poll_max;
-    int predict = 1;
-    if (!PyArg_ParseTuple(args, "LLL|p", &spin, &poll_min, &poll_max, &predict)) return NULL;
-    if (spin < 0 || poll_min < 1000 || poll_max < poll_min || poll_max > 100000000) {
-        PyErr_Format(PyExc_ValueError, "signal watching: spin %lld ns, naps %lld..%lld ns: want spin >= 0 and "
-                     "1 us <= poll_min <= poll_max <= 100 ms", spin, poll_min, poll_max);
-        return NULL;
-    }
-    signal_tuning.spin_ns = spin, signal_tuning.poll_min_ns = poll_min, signal_tuning.poll_max_ns = poll_max;
-    signal_tuning.predict = predict;
-    Py_RETURN_NONE;
-}
-
-static PyObject *get_signal_tuning(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(LLLO)", (long long)signal_tuning.spin_ns, (long long)signal_tuning.poll_min_ns,
-                         (long long)signal_tuning.poll_max_ns, signal_tuning.predict ? Py_True : Py_False);
-}
-
 static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
     unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
     int status = 0;
@@ -301,14 +265,12 @@ static PyMethodDef module_methods[] = {
      "(0: off), locality hint 0-3; write staging with non-temporal stores (x86-64)"},
     {"get_tuning", get_tuning, METH_NOARGS, "get_tuning() -> (near, far, hint, streaming)"},
     {"set_signal_tuning", set_signal_tuning, METH_VARARGS,
-     "set_signal_tuning(spin_ns, poll_min_ns, poll_max_ns, predict=True): how the watching worker polls stream\n"
-     "signals: spinning for spin_ns after the last job, then napping since/64 between polls, within\n"
-     "[poll_min, poll_max]; predict: wake the pool around the next expected burst of a periodic caller"},
+     "set_signal_tuning(spin_ns, poll_min_ns, poll_max_ns, predict=True): how the watcher polls stream signals\n"
+     "(_stream_signal.h: spin, then naps of since/64 within [poll_min, poll_max]; predict the next burst)"},
     {"get_signal_tuning", get_signal_tuning, METH_NOARGS,
      "get_signal_tuning() -> (spin_ns, poll_min_ns, poll_max_ns, predict)"},
     {"stream_signal_support", stream_signal_support, METH_NOARGS,
-     "stream_signal_support() -> dict: whether the current context's device answers stream memory operations\n"
-     "(a live round trip), why not, and the driver's attributes"},
+     "stream_signal_support() -> dict: whether the current context's device answers stream memory operations"},
     {"count_outside", count_outside, METH_VARARGS,
      "count_outside(ids, ids64, n, lo, hi) -> how many of n ids at address ids are outside [lo, hi)"},
     {NULL}};
