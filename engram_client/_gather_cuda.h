@@ -1,5 +1,7 @@
 /* The CUDA driver API the host-gather path needs, opened with dlopen at first GPU use (included by
- * _host_gather.c): no link-time dependency on CUDA, and the CPU gather never loads it. */
+ * _host_gather.c): no link-time dependency on CUDA, and the CPU gather never loads it.  The stream
+ * memory operations are optional: a driver without them (older than CUDA 11.7) keeps the host
+ * functions (_stream_signal.h says how the two signal). */
 typedef int CUresult;
 typedef void *CUstream;
 typedef void *CUcontext;
@@ -25,6 +27,16 @@ static struct {
     CUresult (*event_destroy)(CUevent);
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
+    CUresult (*mem_host_get_device_pointer)(CUdeviceptr *, void *, unsigned int);
+    CUresult (*ctx_get_device)(int *);
+    CUresult (*device_get_attribute)(int *, int, int);
+    CUresult (*driver_get_version)(int *);
+    CUresult (*stream_synchronize)(CUstream);
+    CUresult (*stream_create)(CUstream *, unsigned int);
+    CUresult (*stream_destroy)(CUstream);
+    /* optional (NULL where the driver lacks them) */
+    CUresult (*stream_write_value32)(CUstream, CUdeviceptr, uint32_t, unsigned int);
+    CUresult (*stream_wait_value32)(CUstream, CUdeviceptr, uint32_t, unsigned int);
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -58,7 +70,18 @@ static int load_cuda(void) {
         SYM(event_destroy, "cuEventDestroy_v2")
         SYM(event_record, "cuEventRecord")
         SYM(event_query, "cuEventQuery")
+        SYM(mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2")
+        SYM(ctx_get_device, "cuCtxGetDevice")
+        SYM(device_get_attribute, "cuDeviceGetAttribute")
+        SYM(driver_get_version, "cuDriverGetVersion")
+        SYM(stream_synchronize, "cuStreamSynchronize")
+        SYM(stream_create, "cuStreamCreate")
+        SYM(stream_destroy, "cuStreamDestroy_v2")
 #undef SYM
+        /* The _v2 memory operations need no module parameter (CUDA 11.7+); the unsuffixed ones are
+         * the legacy API, enabled only with NVreg_EnableStreamMemOPs=1, so they are not a fallback. */
+        *(void **)&cu.stream_write_value32 = dlsym(lib, "cuStreamWriteValue32_v2");
+        *(void **)&cu.stream_wait_value32 = dlsym(lib, "cuStreamWaitValue32_v2");
         cu.loaded = 1;
     }
     pthread_mutex_unlock(&cu_lock);

@@ -4,9 +4,13 @@
  * from an atomic counter by the pool's workers and by the thread that waits for the job.  Blocks
  * are grouped in chunks so that a waiter can hand out the first chunk while later ones are still
  * being gathered.  A pool lists the jobs that still have blocks; idle workers spin briefly on that
- * list, then sleep on a condition variable.
+ * list, then sleep on a condition variable.  A job with a Signal is started by a CUDA stream and
+ * reports its chunks to it through a word in pinned memory (_stream_signal.h): workers also poll
+ * those words, and one of them watches them instead of sleeping while any are registered.
  */
 typedef struct Pool Pool;
+typedef struct Signal Signal;
+typedef struct SignalSet SignalSet;
 typedef struct Job {
     const uint8_t *table;          /* rows [row_lo, row_hi), row_bytes each; NULL: disarmed, zero-fill */
     int64_t row_lo, row_hi, row_bytes;
@@ -18,6 +22,7 @@ typedef struct Job {
     atomic_llong next_block, bad;
     atomic_llong chunk_done[MAX_CHUNKS];
     atomic_int users;              /* workers currently taking blocks of this job */
+    Signal *signal;                /* started by a stream and reporting to it (_stream_signal.h), or NULL */
     int listed;
     struct Job *next;
     Pool *pool;
@@ -35,7 +40,15 @@ struct Pool {
     atomic_int refs;               /* the Python object and every StagedJob */
     atomic_llong jobs_run;
     pthread_t *threads;
+    SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */
 };
+
+/* The stream-signal side of a pool (_stream_signal.h, included after this file). */
+static void signal_publish(Job *job);
+static int signals_poll(Pool *pool);
+static int signals_watch(Pool *pool);
+static void signals_free(Pool *pool);
+static void job_leave(Job *job);
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
@@ -53,6 +66,7 @@ static inline void cpu_relax(void) {
 
 static void pool_unref(Pool *pool) {
     if (atomic_fetch_sub(&pool->refs, 1) == 1) {
+        signals_free(pool);
         free(pool->threads);
         free(pool);
     }
@@ -104,13 +118,16 @@ static void gather_block(Job *job, int64_t block) {
         atomic_fetch_add(&job->bad, bad);
         if (job->bad_total) __atomic_fetch_add(job->bad_total, bad, __ATOMIC_RELAXED);
     }
-    atomic_fetch_add_explicit(&job->chunk_done[block / job->chunk_blocks], 1, memory_order_release);
+    /* Sequentially consistent, not just release: two workers finishing two chunks each read the
+     * other's count when they publish (signal_publish), and one of them must see both. */
+    atomic_fetch_add(&job->chunk_done[block / job->chunk_blocks], 1);
 }
 
 static int take_block(Job *job) {
     int64_t block = atomic_fetch_add(&job->next_block, 1);
     if (block >= job->nblocks) return 0;
     gather_block(job, block);
+    if (job->signal) signal_publish(job);  /* tell the stream which chunks it may copy */
     return 1;
 }
 
@@ -135,6 +152,7 @@ static void *worker_main(void *arg) {
     int64_t idle_until = now_ns() + IDLE_SPIN_NS;
     for (;;) {
         while (!atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop)) {
+            if (signals_poll(pool)) break;  /* a stream armed a job: it is listed now */
             int64_t now = now_ns();
             if (now >= idle_until && now >= atomic_load(&pool->spin_until)) break;
             for (int i = 0; i < 32; i++) cpu_relax();
@@ -144,6 +162,9 @@ static void *worker_main(void *arg) {
         while (!atomic_load(&pool->stop) && !(job = job_with_work(pool))) {
             int64_t now = now_ns();
             if (now < idle_until || now < atomic_load(&pool->spin_until)) break;  /* keep polling, awake */
+            /* No host call announces a graph replay's job: while stream signals are registered, one
+             * idle worker watches their words (bounded spin, then naps) instead of sleeping here. */
+            if (signals_watch(pool)) continue;
             pool->sleepers++;
             pthread_cond_wait(&pool->wake, &pool->lock);
             pool->sleepers--;
@@ -159,7 +180,7 @@ static void *worker_main(void *arg) {
         atomic_fetch_add(&job->users, 1);
         pthread_mutex_unlock(&pool->lock);
         while (take_block(job)) {}
-        atomic_fetch_sub(&job->users, 1);
+        job_leave(job);  /* the last worker off a signalled job ends its run */
         idle_until = now_ns() + IDLE_SPIN_NS;
     }
 }
@@ -176,22 +197,27 @@ static int pool_usable(const Pool *pool) {
     return pool->started && !atomic_load(&pool->stop) && pool->generation == atomic_load(&fork_generation);
 }
 
-/* Reset the job's progress and offer its blocks to the workers (if the pool still runs). */
-static void job_start(Job *job) {
+/* Reset the job's progress and offer its blocks to the workers (if the pool still runs): 1 if listed. */
+static int job_start(Job *job) {
     atomic_store(&job->next_block, 0);
     atomic_store(&job->bad, 0);
     for (int c = 0; c < MAX_CHUNKS; c++) atomic_store(&job->chunk_done[c], 0);
     atomic_store(&job->users, 0);
     job->listed = 0;
     Pool *pool = job->pool;
-    if (pool == NULL || !pool_usable(pool) || job->nblocks <= 1) return;
+    /* A signalled job has no waiting thread to gather a lone block: the workers take it. */
+    if (pool == NULL || !pool_usable(pool) || (job->nblocks <= 1 && !job->signal)) return 0;
     pthread_mutex_lock(&pool->lock);
-    job->next = pool->head;
-    pool->head = job;
+    /* First come, first served: two layers' lookups armed together finish in the order asked. */
+    Job **link = &pool->head;
+    while (*link) link = &(*link)->next;
+    job->next = NULL;
+    *link = job;
     job->listed = 1;
     atomic_fetch_add(&pool->listed_jobs, 1);
     if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
+    return 1;
 }
 
 static void pause_briefly(int *spins) {

@@ -54,3 +54,22 @@ static inline void prefetch_first_line(const Job *job, int64_t i, int hint) {
     const uint8_t *src = row_address(job, i);
     if (src != NULL) prefetch_line(src, hint);
 }
+
+/* The module functions that set and read the tuning (_host_gather.c lists them). */
+static PyObject *set_tuning(PyObject *module, PyObject *args) {
+    int near, far, hint, streaming;
+    if (!PyArg_ParseTuple(args, "iiip", &near, &far, &hint, &streaming)) return NULL;
+    if (near < 0 || near > 256 || far < 0 || far > 1024 || (far && far <= near) || hint < 0 || hint > 3) {
+        PyErr_Format(PyExc_ValueError, "prefetch of whole rows %d ahead, first lines %d ahead, hint %d: want "
+                     "0 <= near <= 256, far 0 or in (near, 1024], hint 0 to 3", near, far, hint);
+        return NULL;
+    }
+    gather_tuning.near = near, gather_tuning.far = far, gather_tuning.hint = hint;
+    gather_tuning.streaming = streaming;
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_tuning(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(iiiO)", gather_tuning.near, gather_tuning.far, gather_tuning.hint,
+                         gather_tuning.streaming ? Py_True : Py_False);
+}

@@ -4,23 +4,24 @@
  * named by ids (int32 or int64, read raw) from the read-only mapped rows [row_lo, row_hi) into
  * staging memory; an id outside that range is never used as an address: its staged row is zeroed
  * and counted, in the job and in a caller-owned int64 counter (atomically, so Python reads it
- * without any sync).  Work is split in blocks taken from an atomic counter; the thread that waits
- * for a job gathers too.  Workers sleep on a condition variable when idle, after a short spin.
+ * without any sync).  Work is split in blocks taken from an atomic counter.  Workers sleep on a
+ * condition variable when idle, after a short spin.
  *
  * A StagedJob owns pinned ids and staging buffers and enqueues, on a CUDA stream, in stream order:
  *
- *     [ids on the GPU: copy to pinned ids] -> host fn(start the job, wait for chunk 0) -> copy chunk 0
- *     -> host fn(wait for chunk 1) -> copy chunk 1 -> ... -> host fn of the last chunk also ends the job
+ *     [ids on the GPU: copy to pinned ids] -> write ARMED -> wait(chunk 0 staged) -> copy chunk 0
+ *     -> wait(chunk 1 staged) -> copy chunk 1 -> ...        (stream memory operations, _stream_signal.h)
+ *     [ids ...] -> host fn(start, gather chunk 0) -> copy chunk 0 -> host fn(chunk 1) -> ...  (fallback)
  *
  * so the copy of one chunk overlaps the gather of the next, and nothing holds SMs.  The same calls
- * record graph nodes when the stream is capturing (the gather becomes a host node, and every replay
- * gathers the ids then in the input buffer).  libcuda is opened with dlopen at the first GPU use: the
- * module builds and runs without CUDA, and the CPU gather never needs it.
+ * record graph nodes when the stream is capturing, and every replay gathers the ids then in the
+ * input buffer.  libcuda is opened with dlopen at the first GPU use: the module builds and runs
+ * without CUDA, and the CPU gather never needs it.
  *
- * Life cycle: close() (or deallocation) stops and joins the workers; a job still in flight after
- * that is gathered by its own waiting thread.  A child process after fork() refuses to use its
- * parent's pool (the threads are not there) and says so.  A StagedJob still in flight, or held by a
- * captured graph, when it is dropped is leaked rather than freed under a host function.
+ * Life cycle: close() (or deallocation) stops and joins the workers; signals registered then are
+ * answered by one process-wide thread.  A child process after fork() refuses to use its parent's
+ * pool (the threads are not there) and says so.  A StagedJob still in flight, or held by a captured
+ * graph, when it is dropped is leaked rather than freed under a running gather.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -50,11 +51,13 @@ static PyObject *err_class(void) { return error_class ? error_class : PyExc_Runt
 
 #include "_gather_cuda.h"
 #include "_gather_pool.h"
+#include "_stream_signal.h"
 
 /* ---- GatherPool ----------------------------------------------------------------------------------------- */
 typedef struct {
     PyObject_HEAD
     Pool *pool;
+    int caller_gathers;            /* the calling thread is one of `threads` (host functions, CPU gathers) */
 } PoolObject;
 
 static int check_pool(Pool *pool) {
@@ -78,12 +81,13 @@ static void pool_stop(Pool *pool) {
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
+    signals_orphan(pool);  /* graphs replayed after close must still be answered */
 }
 
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"threads", NULL};
-    int threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i", names, &threads)) return -1;
+    static char *names[] = {"threads", "caller_gathers", NULL};
+    int threads, caller_gathers = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|p", names, &threads, &caller_gathers)) return -1;
     if (threads < 1 || threads > 1024) {
         PyErr_Format(PyExc_ValueError, "gather_threads must be between 1 and 1024, got %d", threads);
         return -1;
@@ -100,14 +104,16 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();
     atomic_store(&pool->refs, 1);
-    /* The caller gathers too, so threads - 1 workers give `threads` gatherers. */
-    for (int i = 0; i < threads - 1; i++) {
+    /* Where the caller gathers too (host functions, CPU gathers), threads - 1 workers give `threads`
+     * gatherers; jobs started by stream signals have no such caller, so they get `threads` workers. */
+    int workers = caller_gathers ? threads - 1 : threads;
+    for (int i = 0; i < workers; i++) {
         if (pthread_create(&pool->threads[i], NULL, worker_main, pool) != 0) {
             pool->nthreads = i;
             pool->started = 1;
             pool_stop(pool);
             pool_unref(pool);
-            PyErr_Format(err_class(), "could not start gather thread %d of %d", i + 1, threads);
+            PyErr_Format(err_class(), "could not start gather thread %d of %d", i + 1, workers);
             return -1;
         }
         pthread_setname_np(pool->threads[i], "engram-gather");  /* how tests and operators count them */
@@ -115,6 +121,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     }
     pool->started = 1;
     self->pool = pool;
+    self->caller_gathers = caller_gathers;
     return 0;
 }
 
@@ -168,11 +175,15 @@ static PyObject *pool_gather(PoolObject *self, PyObject *args) {
 }
 
 static PyObject *pool_get_threads(PoolObject *self, void *unused) {
-    return PyLong_FromLong(self->pool ? self->pool->nthreads + 1 : 0);
+    return PyLong_FromLong(self->pool ? self->pool->nthreads + self->caller_gathers : 0);
 }
 
 static PyObject *pool_get_closed(PoolObject *self, void *unused) {
     return PyBool_FromLong(!self->pool || !pool_usable(self->pool));
+}
+
+static PyObject *pool_get_caller_gathers(PoolObject *self, void *unused) {
+    return PyBool_FromLong(self->caller_gathers);
 }
 
 static PyObject *pool_get_jobs_run(PoolObject *self, void *unused) {
@@ -190,6 +201,8 @@ static PyGetSetDef pool_getset[] = {
     {"threads", (getter)pool_get_threads, NULL, "threads that gather, the caller's included", NULL},
     {"closed", (getter)pool_get_closed, NULL, "whether the workers are gone (closed, or a forked child)", NULL},
     {"jobs_run", (getter)pool_get_jobs_run, NULL, "jobs finished so far", NULL},
+    {"caller_gathers", (getter)pool_get_caller_gathers, NULL,
+     "whether the calling thread is one of the gatherers (else: stream-signalled jobs)", NULL},
     {NULL}};
 
 static PyTypeObject PoolType = {
@@ -197,7 +210,8 @@ static PyTypeObject PoolType = {
     .tp_name = "engram_client._host_gather.GatherPool",
     .tp_basicsize = sizeof(PoolObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "GatherPool(threads): persistent gather threads (the caller counts as one)",
+    .tp_doc = "GatherPool(threads, caller_gathers=True): persistent gather threads (with caller_gathers, the\n"
+              "caller counts as one of them; jobs started by stream signals want caller_gathers=False)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)pool_init,
     .tp_dealloc = (destructor)pool_dealloc,
@@ -206,6 +220,8 @@ static PyTypeObject PoolType = {
 };
 
 #include "_host_gather_staged.h"
+#include "_signal_support.h"
+#include "_signal_test_slot.h"
 
 static PyObject *set_error_classes(PyObject *module, PyObject *args) {
     PyObject *base, *detached;
@@ -232,24 +248,6 @@ static PyObject *count_outside(PyObject *module, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
-static PyObject *set_tuning(PyObject *module, PyObject *args) {
-    int near, far, hint, streaming;
-    if (!PyArg_ParseTuple(args, "iiip", &near, &far, &hint, &streaming)) return NULL;
-    if (near < 0 || near > 256 || far < 0 || far > 1024 || (far && far <= near) || hint < 0 || hint > 3) {
-        PyErr_Format(PyExc_ValueError, "prefetch of whole rows %d ahead, first lines %d ahead, hint %d: want "
-                     "0 <= near <= 256, far 0 or in (near, 1024], hint 0 to 3", near, far, hint);
-        return NULL;
-    }
-    gather_tuning.near = near, gather_tuning.far = far, gather_tuning.hint = hint;
-    gather_tuning.streaming = streaming;
-    Py_RETURN_NONE;
-}
-
-static PyObject *get_tuning(PyObject *module, PyObject *unused) {
-    return Py_BuildValue("(iiiO)", gather_tuning.near, gather_tuning.far, gather_tuning.hint,
-                         gather_tuning.streaming ? Py_True : Py_False);
-}
-
 static PyObject *stream_capturing(PyObject *module, PyObject *arg) {
     unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
     int status = 0;
@@ -266,6 +264,13 @@ static PyMethodDef module_methods[] = {
      "set_tuning(near, far, hint, streaming): prefetch whole rows `near` ahead, first lines `far` ahead\n"
      "(0: off), locality hint 0-3; write staging with non-temporal stores (x86-64)"},
     {"get_tuning", get_tuning, METH_NOARGS, "get_tuning() -> (near, far, hint, streaming)"},
+    {"set_signal_tuning", set_signal_tuning, METH_VARARGS,
+     "set_signal_tuning(spin_ns, poll_min_ns, poll_max_ns, predict=True): how the watcher polls stream signals\n"
+     "(_stream_signal.h: spin, then naps of since/64 within [poll_min, poll_max]; predict the next burst)"},
+    {"get_signal_tuning", get_signal_tuning, METH_NOARGS,
+     "get_signal_tuning() -> (spin_ns, poll_min_ns, poll_max_ns, predict)"},
+    {"stream_signal_support", stream_signal_support, METH_NOARGS,
+     "stream_signal_support() -> dict: whether the current context's device answers stream memory operations"},
     {"count_outside", count_outside, METH_VARARGS,
      "count_outside(ids, ids64, n, lo, hi) -> how many of n ids at address ids are outside [lo, hi)"},
     {NULL}};
@@ -275,7 +280,8 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_host_gather",
                                         module_methods};
 
 PyMODINIT_FUNC PyInit__host_gather(void) {
-    if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&StagedJobType) < 0) return NULL;
+    if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&StagedJobType) < 0 || PyType_Ready(&SignalTestSlotType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (!module) return NULL;
     static int atfork_done;
@@ -285,6 +291,7 @@ PyMODINIT_FUNC PyInit__host_gather(void) {
     }
     if (PyModule_AddObjectRef(module, "GatherPool", (PyObject *)&PoolType) < 0 ||
         PyModule_AddObjectRef(module, "StagedJob", (PyObject *)&StagedJobType) < 0 ||
+        PyModule_AddObjectRef(module, "SignalTestSlot", (PyObject *)&SignalTestSlotType) < 0 ||
         PyModule_AddIntConstant(module, "MAX_CHUNKS", MAX_CHUNKS) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -4,10 +4,15 @@
  * gather job on a CUDA stream (see the diagram at the top of _host_gather.c): `fork` orders the
  * job after the caller's stream, `done` (recorded by finish(), after the dequant kernel) is what
  * the caller's stream waits on (join) and what strict mode polls (query).  Doing these in C keeps
- * torch's event objects off the per-call path.  The host functions receive pointers into
- * the slot, so the slot must outlive every enqueued run: while a run is in flight, or once a graph
- * captured it, dropping the object leaks the slot instead of freeing it.  disarm() (the client's
- * close) makes any later run of a captured graph zero its rows and never read the table again.
+ * torch's event objects off the per-call path.
+ *
+ * Two ways to hand the job between the stream and the workers, chosen per slot (signalled=):
+ * stream memory operations on the slot's word (_stream_signal.h; the default where the driver
+ * has them), or host functions (host_step below; the fallback).  Either way the workers receive
+ * pointers into the slot, so the slot must outlive every enqueued run: while a run is in flight,
+ * or once a graph captured it, dropping the object leaks the slot instead of freeing it.
+ * disarm() (the client's close) makes any later run of a captured graph zero its rows and never
+ * read the table again.
  */
 
 typedef struct StagedState StagedState;
@@ -18,13 +23,20 @@ typedef struct {
 
 struct StagedState {
     Job job;
-    Step steps[MAX_CHUNKS];
+    Step steps[MAX_CHUNKS];        /* host-function slots */
+    Signal signal;                 /* signalled slots: signal.word is in ids_buf's last line */
     atomic_int in_flight;          /* eager runs enqueued and not finished */
     int graph;                     /* captured into a graph: may run again at any time */
+    int signalled;
+    int simulated;                 /* SignalTestSlot: plain memory, no CUDA (_signal_test_slot.h) */
     int64_t capacity, row_bytes;
     uint8_t *ids_buf, *staging;    /* pinned */
+    CUdeviceptr word_dev;          /* the signal word as the device sees it */
     CUevent fork, done;
 };
+
+/* The signal word sits in its own cache line after the ids, so polling it never shares a line. */
+static size_t ids_bytes(int64_t capacity) { return ((size_t)capacity * 8 + 63) / 64 * 64; }
 
 typedef struct {
     PyObject_HEAD
@@ -47,12 +59,19 @@ static void host_step(void *arg) {
 /* Allocate pinned memory, also while the caller's stream captures a graph (allowed in relaxed mode). */
 static void *pinned_alloc(size_t nbytes) {
     void *ptr = NULL;
-    CUresult rc = cu.mem_host_alloc(&ptr, nbytes ? nbytes : 1, 0x1 /* CU_MEMHOSTALLOC_PORTABLE */);
+    /* DEVICEMAP: the device addresses the signal word in it (cuMemHostGetDevicePointer) */
+    CUresult rc = cu.mem_host_alloc(&ptr, nbytes ? nbytes : 1, 0x1 | 0x2 /* PORTABLE | DEVICEMAP */);
     if (cu_failed(rc, "cuMemHostAlloc of lookup staging")) return NULL;
     return ptr;
 }
 
 static void staged_free(StagedState *state) {  /* may fail at exit once the context is gone: nothing to do */
+    if (state->simulated) {
+        free(state->ids_buf);
+        free(state->staging);
+        free(state);
+        return;
+    }
     if (state->ids_buf) cu.mem_free_host(state->ids_buf);
     if (state->staging) cu.mem_free_host(state->staging);
     if (state->fork) cu.event_destroy(state->fork);
@@ -60,24 +79,29 @@ static void staged_free(StagedState *state) {  /* may fail at exit once the cont
     free(state);
 }
 
-/* Buffers and events, allowed while the caller's stream captures a graph (in relaxed mode). */
-static int staged_alloc(StagedState *state) {
+/* Buffers and events (and where the device sees the signal word), allowed while the caller's
+ * stream captures a graph (in relaxed mode). */
+static int staged_alloc(StagedState *state, int signalled) {
     int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
     cu.exchange_capture_mode(&mode);
-    int ok = (state->ids_buf = pinned_alloc((size_t)state->capacity * 8)) &&
+    int ok = (state->ids_buf = pinned_alloc(ids_bytes(state->capacity) + 64)) &&
              (state->staging = pinned_alloc((size_t)(state->capacity * state->row_bytes))) &&
              !cu_failed(cu.event_create(&state->fork, 0x2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate") &&
-             !cu_failed(cu.event_create(&state->done, 0x2), "cuEventCreate");
+             !cu_failed(cu.event_create(&state->done, 0x2), "cuEventCreate") &&
+             (!signalled || !cu_failed(cu.mem_host_get_device_pointer(&state->word_dev, state->ids_buf +
+                                                                      ids_bytes(state->capacity), 0),
+                                       "cuMemHostGetDevicePointer of the lookup's signal word"));
     cu.exchange_capture_mode(&mode);
     return ok ? 0 : -1;
 }
 
 static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"pool", "capacity", "row_bytes", "graph", NULL};
+    static char *names[] = {"pool", "capacity", "row_bytes", "graph", "signalled", NULL};
     PoolObject *pool;
     long long capacity, row_bytes;
-    int graph = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LL|p", names, &PoolType, &pool, &capacity, &row_bytes, &graph))
+    int graph = 0, signalled = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LL|pp", names, &PoolType, &pool, &capacity, &row_bytes,
+                                     &graph, &signalled))
         return -1;
     if (capacity < 1 || row_bytes < 1) {
         PyErr_Format(PyExc_ValueError, "a staged job needs a positive capacity and row size, got %lld rows of %lld B",
@@ -85,18 +109,37 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
         return -1;
     }
     if (self->state || !pool->pool || check_pool(pool->pool) || load_cuda()) return -1;
+    if (signalled && (!cu.stream_write_value32 || !cu.stream_wait_value32)) {
+        PyErr_SetString(err_class(), "libcuda.so.1 has no cuStreamWaitValue32_v2 / cuStreamWriteValue32_v2 "
+                                     "(a driver older than CUDA 11.7): use host functions");
+        return -1;
+    }
     StagedState *state = calloc(1, sizeof(StagedState));
     if (!state) {
         PyErr_NoMemory();
         return -1;
     }
     state->capacity = capacity, state->row_bytes = row_bytes, state->graph = graph;
-    if (staged_alloc(state)) {
+    if (staged_alloc(state, signalled)) {
         staged_free(state);
         return -1;
     }
     for (int c = 0; c < MAX_CHUNKS; c++) state->steps[c] = (Step){state, c};
     state->job.pool = pool->pool;
+    if (signalled) {
+        uint32_t *word = (uint32_t *)(state->ids_buf + ids_bytes(capacity));
+        *word = SIGNAL_IDLE;
+        state->signalled = 1;
+        state->signal.word = word;
+        state->signal.job = &state->job;
+        state->signal.in_flight = graph ? NULL : &state->in_flight;
+        state->job.signal = &state->signal;
+        if (signal_register(pool->pool, &state->signal)) {
+            staged_free(state);
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
     atomic_fetch_add(&pool->pool->refs, 1);
     self->state = state;
     return 0;
@@ -105,6 +148,7 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
 static void staged_dealloc(StagedJobObject *self) {
     StagedState *state = self->state;
     if (state && !state->graph && atomic_load(&state->in_flight) == 0) {
+        if (state->signalled) signal_unregister(&state->signal);
         pool_unref(state->job.pool);
         staged_free(state);
     }
@@ -112,91 +156,7 @@ static void staged_dealloc(StagedJobObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Copy host ids into the pinned buffer, counting those outside [lo, hi) on the way (one pass). */
-static int64_t copy_and_count(void *dst, const void *src, int ids64, int64_t n, int64_t lo, int64_t hi) {
-    int64_t bad = 0;
-    if (ids64) {
-        const int64_t *in = src;
-        int64_t *out = dst;
-        for (int64_t i = 0; i < n; i++) {
-            out[i] = in[i];
-            bad += (in[i] < lo) | (in[i] >= hi);
-        }
-    } else {
-        const int32_t *in = src;
-        int32_t *out = dst;
-        for (int64_t i = 0; i < n; i++) {
-            out[i] = in[i];
-            bad += ((int64_t)in[i] < lo) | ((int64_t)in[i] >= hi);
-        }
-    }
-    return bad;
-}
-
-static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
-    unsigned long long caller, stream, table, ids, device_staging, counter;
-    long long row_lo, row_hi, n, nchunks;
-    int where, ids64;
-    if (!PyArg_ParseTuple(args, "KKKLLKipLKKL", &caller, &stream, &table, &row_lo, &row_hi, &ids, &where, &ids64,
-                          &n, &device_staging, &counter, &nchunks))
-        return NULL;
-    StagedState *state = self->state;
-    if (!state || check_pool(state->job.pool)) return NULL;
-    if (n < 1 || n > state->capacity || row_hi <= row_lo || where < IDS_ON_HOST || where > IDS_IN_PLACE) {
-        PyErr_Format(PyExc_ValueError, "cannot stage %lld ids (capacity %lld) from rows [%lld, %lld), ids at %d",
-                     n, state->capacity, row_lo, row_hi, where);
-        return NULL;
-    }
-    if (!state->graph && atomic_load(&state->in_flight)) {
-        PyErr_SetString(err_class(), "this staging slot is still in use by an earlier lookup");
-        return NULL;
-    }
-    CUstream s = (CUstream)(uintptr_t)stream;
-    CUcontext ctx = NULL;
-    if (cu_failed(cu.ctx_get_current(&ctx), "cuCtxGetCurrent")) return NULL;
-    if (ctx == NULL) {  /* a thread that never touched CUDA: use the stream's context */
-        if (cu_failed(cu.stream_get_ctx(s, &ctx), "cuStreamGetCtx") ||
-            cu_failed(cu.ctx_set_current(ctx), "cuCtxSetCurrent"))
-            return NULL;
-    }
-    Job *job = &state->job;
-    const size_t id_bytes = ids64 ? 8 : 4;
-    job->table = (const uint8_t *)(uintptr_t)table;
-    job->row_lo = row_lo, job->row_hi = row_hi, job->row_bytes = state->row_bytes;
-    job->ids64 = ids64;
-    job->staging = state->staging;
-    job->bad_total = (int64_t *)(uintptr_t)counter;
-    if (where == IDS_ON_HOST) {  /* checked here, so that a bad call raises at once and enqueues nothing */
-        int64_t bad = copy_and_count(state->ids_buf, (const void *)(uintptr_t)ids, ids64, n, row_lo, row_hi);
-        if (bad) return PyLong_FromLongLong(bad);
-    }
-    pool_prewake(state->job.pool);
-    if (cu_failed(cu.event_record(state->fork, (CUstream)(uintptr_t)caller), "cuEventRecord on the caller's stream") ||
-        cu_failed(cu.stream_wait_event(s, state->fork, 0), "cuStreamWaitEvent on the prefetch stream"))
-        return NULL;
-    if (where == IDS_ON_HOST) {
-        job->ids = state->ids_buf;
-    } else if (where == IDS_ON_DEVICE) {
-        if (cu_failed(cu.memcpy_dtoh(state->ids_buf, (CUdeviceptr)ids, (size_t)n * id_bytes, s),
-                      "copy of the ids to pinned memory (cuMemcpyDtoHAsync)"))
-            return NULL;
-        job->ids = state->ids_buf;
-    } else {
-        job->ids = (const void *)(uintptr_t)ids;  /* a graph's host input: read at every replay */
-    }
-    job_plan(job, n, nchunks);
-    if (!state->graph) atomic_fetch_add(&state->in_flight, 1);
-    const int64_t rb = state->row_bytes, chunk_rows = job->chunk_blocks * job->block_rows;
-    for (int64_t c = 0; c < job->nchunks; c++) {
-        int64_t r0 = c * chunk_rows, r1 = r0 + chunk_rows > n ? n : r0 + chunk_rows;
-        if (cu_failed(cu.launch_host_func(s, host_step, &state->steps[c]), "cuLaunchHostFunc of the row gather") ||
-            cu_failed(cu.memcpy_htod((CUdeviceptr)(device_staging + r0 * rb), state->staging + r0 * rb,
-                                     (size_t)((r1 - r0) * rb), s),
-                      "copy of the gathered rows to the GPU (cuMemcpyHtoDAsync)"))
-            return NULL;  /* in_flight stays raised: the slot is never reused or freed */
-    }
-    return PyLong_FromLong(0);
-}
+#include "_staged_enqueue.h"
 
 static PyObject *staged_finish(StagedJobObject *self, PyObject *arg) {
     unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
@@ -239,6 +199,10 @@ static PyObject *staged_get_in_flight(StagedJobObject *self, void *unused) {
     return PyBool_FromLong(self->state && atomic_load(&self->state->in_flight) > 0);
 }
 
+static PyObject *staged_get_signalled(StagedJobObject *self, void *unused) {
+    return PyBool_FromLong(self->state && self->state->signalled);
+}
+
 static PyObject *staged_get_bad(StagedJobObject *self, void *unused) {
     return PyLong_FromLongLong(self->state ? atomic_load(&self->state->job.bad) : 0);
 }
@@ -258,6 +222,8 @@ static PyGetSetDef staged_getset[] = {
     {"capacity", (getter)staged_get_capacity, NULL, "rows this slot can stage", NULL},
     {"in_flight", (getter)staged_get_in_flight, NULL, "whether an enqueued run has not finished", NULL},
     {"bad", (getter)staged_get_bad, NULL, "ids out of range in the last finished run", NULL},
+    {"signalled", (getter)staged_get_signalled, NULL, "whether stream memory operations signal this slot's runs "
+     "(else host functions)", NULL},
     {NULL}};
 
 static PyTypeObject StagedJobType = {
@@ -265,7 +231,8 @@ static PyTypeObject StagedJobType = {
     .tp_name = "engram_client._host_gather.StagedJob",
     .tp_basicsize = sizeof(StagedJobObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "StagedJob(pool, capacity, row_bytes, graph=False): pinned staging for one lookup at a time",
+    .tp_doc = "StagedJob(pool, capacity, row_bytes, graph=False, signalled=False): pinned staging for one lookup\n"
+              "at a time; signalled: handed between stream and workers by stream memory operations",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)staged_init,
     .tp_dealloc = (destructor)staged_dealloc,

@@ -61,6 +61,7 @@ class EngramClient:
                                        else torch.cuda.current_device())
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
+        self._signalling = None  # how the host path signals on this device (host_signal.py), where it runs
         self._state = ClientState(DaemonConnection(endpoint))
         self._finalizer = weakref.finalize(self, self._state.release)
         # The tables handed out, held weakly: each holds the client, so holding them here would make
@@ -98,8 +99,12 @@ class EngramClient:
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
             from .host_lookup import open_pool
+            from .host_signal import STREAM_MEMOPS, signalling_for
 
-            state.pool = open_pool(self.lookup_config.gather_threads)
+            if self.device.type == "cuda":
+                self._signalling = signalling_for(self.device)
+            state.pool = open_pool(self.lookup_config.gather_threads, self._signalling is not None and
+                                   self._signalling.mode == STREAM_MEMOPS)
         for layer, lv in state.mapped.layers.items():
             state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
         state.hasher = hasher_for(state.mapped)
@@ -224,6 +229,19 @@ class EngramClient:
         """Hash ``token_ids`` (packed sequences starting at ``seq_starts``) and start every layer's
         lookup; returns {layer: handle}, each handle's output [tokens, heads, head_dim]."""
         return prefetch_tokens(self._state.hasher, self._state.tables, token_ids, seq_starts, history)
+
+    @property
+    def lookup_path_info(self) -> dict[str, Any]:
+        """How this client's lookups run: the lookup path asked for, the gather pool's threads, and
+        on CUDA how the host path's stream and workers signal each other ("stream-memops", or
+        "host-functions" where the device or driver lacks them) and why (host_signal.py)."""
+        pool = self._state.pool
+        info: dict[str, Any] = {"path": self.lookup_config.path, "device": str(self.device),
+                                "gather_threads": pool.threads if pool is not None else 0}
+        if self._signalling is not None:
+            return {**info, **self._signalling.as_dict()}
+        return {**info, "signalling": None, "reason": "CPU lookups gather on the calling thread and the pool"
+                if self.device.type == "cpu" else "lookup_path 'uva': no host path"}
 
     @property
     def client_id(self) -> str | None:

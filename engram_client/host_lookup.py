@@ -1,15 +1,17 @@
 """The host-gather path of one layer table: CPU threads gather, the copy engine moves, HBM dequantizes.
 
 On CUDA one ``prefetch`` enqueues on the client's prefetch stream, in stream order, with one C
-call (engram_client._host_gather): the ids' copy into pinned memory (ids on the GPU), host
-functions that gather the rows on the client's pool into pinned staging, chunk by chunk, each
-chunk's copy to device staging; then the staged-row dequant kernel and the slot's event.  No
-SM waits on PCIe, and the caller's thread never blocks.
+call (engram_client._host_gather): the ids' copy into pinned memory (ids on the GPU), the
+signal that starts the gather on the client's pool into pinned staging, and per chunk a wait
+for that chunk and its copy to device staging; then the staged-row dequant kernel and the
+slot's event.  The signals are stream memory operations on a word in pinned memory where the
+device has them, host functions otherwise (host_signal.py); ids already in host memory start
+the gather at once.  No SM waits on PCIe, and the caller's thread never blocks.
 
 Staging slots (pinned ids and rows, device rows, the lookup's CUDA events) are reused: a call
-takes the first slot whose last run has finished (a flag the host function clears: no CUDA
-query), growing it if the call is larger, or adds one, up to MAX_SLOTS; beyond that it waits,
-bounded.  Device staging belongs to the prefetch stream, so reusing it is stream-ordered.
+takes the first slot whose last run has finished on the CPU (a count the run's end lowers: no
+CUDA query), growing it if the call is larger, or adds one, up to MAX_SLOTS; beyond that it
+waits, bounded.  Device staging belongs to the prefetch stream, so reusing it is stream-ordered.
 
 Under CUDA graph capture the same calls record graph nodes on a slot of its own, kept for the
 client's life: every replay gathers the ids then in the captured input buffer.  On close such
@@ -30,16 +32,31 @@ from .prefetch import PrefetchHandle
 
 _host_gather.set_error_classes(EngramError, NotAttachedError)
 count_outside = _host_gather.count_outside
+MAX_CHUNKS = _host_gather.MAX_CHUNKS
 stream_capturing = _host_gather.stream_capturing
 IDS_ON_HOST, IDS_ON_DEVICE, IDS_IN_PLACE = 0, 1, 2
 CHUNK_BYTES = 4 << 20  # copies of this size run near the PCIe ceiling; smaller ones pipeline better
+# Signalled slots: a decode-size call (6,144 ids) in two chunks, so the first one's copy runs
+# while the second is gathered; a wait costs the stream microseconds, not a host function's ~35.
+# More chunks pipeline a little more but cost the engine thread ~7 us each (two driver calls) and
+# a graph replay ~5 us each (docs/BENCHMARKS.md, "Decode-size lookups").
+DECODE_CHUNK_ROWS = 3072
 MIN_SLOT_ROWS = 8192  # a decode-size call fits the first slot
 MAX_SLOTS = 8
 SLOT_POLL_S = 5e-5
 
 
-def open_pool(threads: int) -> "_host_gather.GatherPool":
-    return _host_gather.GatherPool(threads)
+def open_pool(threads: int, signalled: bool = False) -> "_host_gather.GatherPool":
+    """The client's gather pool.  Where stream memory operations signal the workers (host_signal.py),
+    no host function lends its thread to the gather: the pool starts ``threads`` workers
+    (caller_gathers=False), and that is how its tables' slots know to be signalled."""
+    return _host_gather.GatherPool(threads, caller_gathers=not signalled)
+
+
+def chunk_count(n: int, row_bytes: int, signalled: bool) -> int:
+    """Chunks of a call: >= 4 MiB each for large calls; signalled slots also split decode sizes."""
+    by_bytes = n * row_bytes // CHUNK_BYTES
+    return max(1, min(MAX_CHUNKS, max(by_bytes, n // DECODE_CHUNK_ROWS) if signalled else by_bytes))
 
 
 class _Slot:
@@ -48,7 +65,7 @@ class _Slot:
     def __init__(self, pool, capacity: int, row_bytes: int, stream: torch.cuda.Stream, graph: bool):
         with torch.cuda.stream(stream):  # the prefetch stream owns it: reuse is stream-ordered
             # Created with the stream's device current: the job's CUDA events belong to its context.
-            self.job = _host_gather.StagedJob(pool, capacity, row_bytes, graph)
+            self.job = _host_gather.StagedJob(pool, capacity, row_bytes, graph, not pool.caller_gathers)
             self.staging = torch.empty(capacity * row_bytes, dtype=torch.uint8, device=stream.device)
         self.keep = None  # a graph's host ids buffer, read at every replay
 
@@ -61,6 +78,7 @@ class HostPath:
         self._graph_slots: list[_Slot] = []
         self._lock = threading.Lock()  # two threads prefetching on one table must not take one slot
         self._dequant = None
+        self.signalled = stream is not None and not pool.caller_gathers
         if stream is not None:
             from .kernels.dequant_staged import StagedDequant
 
@@ -85,7 +103,7 @@ class HostPath:
         host are range-checked on the way into pinned memory: a bad one raises before anything is
         enqueued.  Host time matters here: only the output's allocation, two C calls and the
         dequant launch happen per call."""
-        if torch.cuda.current_device() != self.device.index:
+        if torch._C._cuda_getDevice() != self.device.index:  # torch.cuda.current_device(), less its checks
             # A rank whose current device is another GPU: the driver calls, the slot's events and the
             # dequant kernel all belong to this client's device, so make it current for the call.
             with torch.cuda.device(self.device):
@@ -95,8 +113,9 @@ class HostPath:
     def _prefetch(self, table, flat: torch.Tensor, shape: tuple[int, ...], caller: int,
                   capturing: bool) -> PrefetchHandle:
         n = flat.numel()
-        on_host = flat.device.type == "cpu"
-        if not on_host and flat.device != self.device:
+        ids_device = flat.device
+        on_host = ids_device.type == "cpu"
+        if not on_host and ids_device != self.device:
             flat = flat.to(self.device, non_blocking=True)  # ids on another GPU
         if not (capturing and on_host):  # a captured host buffer is read in place at every replay
             flat = flat.contiguous()
@@ -112,7 +131,7 @@ class HostPath:
                 slot = self._free_slot(n, table)
             bad = slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
                                    flat.data_ptr(), where, flat.dtype is torch.int64, n, slot.staging.data_ptr(),
-                                   table.ledger.address, max(1, n * self.row_bytes // CHUNK_BYTES))
+                                   table.ledger.address, chunk_count(n, self.row_bytes, self.signalled))
             if bad:
                 raise IdsOutOfRangeError(f"{bad} of {n} ids are outside {table._describe()}; "
                                          "their rows were not read")

@@ -28,6 +28,7 @@ from ..core.layout import EngramConfig, LayerLayout
 from .cpu import cpu_backend, hash_rows_cpu
 
 INT32_ROWS = (1 << 31) - 1
+STARTS_KEPT = 64  # distinct seq_starts kept on each device (decode repeats the same ones every step)
 
 
 class NgramHasher:
@@ -60,6 +61,8 @@ class NgramHasher:
         self.row_dtype = torch.int32 if rows <= INT32_ROWS else torch.int64
         self._on_device: dict[torch.device, tuple[torch.Tensor, ...]] = {}
         self._zero_start = np.zeros(1, dtype=np.int64)
+        self._starts_on_device: dict[tuple, torch.Tensor] = {}
+        self._captured_starts: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     available = True
 
@@ -137,11 +140,28 @@ class NgramHasher:
                                             (self.token_map, self.multipliers, self.primes, self.offsets))
         return self._on_device[device]
 
+    def _device_starts(self, starts: np.ndarray, device: torch.device) -> torch.Tensor:
+        """``starts`` on the device.  Kept (never evicted: a captured graph may read them) for up
+        to STARTS_KEPT distinct ones made outside a capture, so decode copies nothing per step.
+        A capture that needs new ones records a copy from pinned memory, read at every replay:
+        that pinned source (and the graph's copy) live as long as the hasher."""
+        key = (device, starts.tobytes())
+        kept = self._starts_on_device.get(key)
+        if kept is not None:
+            return kept
+        pinned = torch.from_numpy(starts).pin_memory()
+        on_device = pinned.to(device, non_blocking=True)
+        if torch.cuda.is_current_stream_capturing():
+            self._captured_starts.append((pinned, on_device))
+        elif len(self._starts_on_device) < STARTS_KEPT:
+            self._starts_on_device[key] = on_device
+        return on_device
+
     def _row_ids_cuda(self, tokens, starts, history, out) -> torch.Tensor:
         from ..kernels.ngram_hash import launch_ngram_hash
 
         token_map, multipliers, primes, offsets = self._device_tables(tokens.device)
-        starts_dev = torch.from_numpy(starts).pin_memory().to(tokens.device, non_blocking=True)
+        starts_dev = self._device_starts(starts, tokens.device)
         launch_ngram_hash(tokens, starts_dev, history, token_map, self.pad_id, multipliers, primes, offsets,
                           self.max_ngram, self.heads_per_order, out)
         return out

@@ -74,3 +74,30 @@ def test_prefetch_tokens_on_cuda_equals_the_cpu_client(demo_daemon, tokens_on):
             out = handle.wait()
             assert out.device.type == "cuda" and out.shape == (3000, 24, 256)
             assert torch.equal(out.cpu().view(torch.int16), expected[layer].view(torch.int16))
+
+
+@pytest.mark.parametrize("warmed", [True, False])
+def test_decode_hashing_captured_in_a_graph_replays_with_new_tokens(v41_hasher, warmed):
+    """A decode step (one token per sequence, with history) captured as an engine captures it:
+    every replay hashes the tokens then in the static buffers, whether the seq_starts were seen
+    eagerly before the capture (kept on the device) or first met inside it."""
+    sequences = 256 if warmed else 255
+    starts = list(range(sequences))
+    rng = np.random.default_rng(5)
+    tokens = torch.zeros(sequences, dtype=torch.int64, device="cuda")
+    history = torch.zeros((sequences, 3), dtype=torch.int64, device="cuda")
+    v41_hasher.row_ids(tokens, starts, history)  # the device tables are made eagerly, as engines warm up
+    if not warmed:
+        v41_hasher._starts_on_device.clear()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        static_rows = v41_hasher.row_ids(tokens, starts, history)
+    for replay in range(4):
+        new_tokens = torch.from_numpy(rng.integers(0, 129280, sequences))
+        new_history = torch.from_numpy(rng.integers(-1, 129280, (sequences, 3)))
+        tokens.copy_(new_tokens)
+        history.copy_(new_history)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_rows.cpu(), v41_hasher.row_ids(new_tokens, starts, new_history))

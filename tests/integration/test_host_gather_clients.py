@@ -87,3 +87,10 @@ def test_non_contiguous_and_int32_ids_gather_the_rows_they_name(demo_daemon):
         assert out.shape == (40, 8, 256)
         assert_bf16_exact(out, *demo_rows(0, 1, ids[:, ::3].reshape(-1), 256))
 
+
+
+def test_lookup_path_info_of_a_cpu_client_names_no_signalling(demo_daemon):
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cpu", gather_threads=3) as client:
+        info = client.lookup_path_info
+        assert (info["device"], info["gather_threads"], info["signalling"]) == ("cpu", 3, None)
+        assert client._state.pool.caller_gathers, "CPU lookups gather on the calling thread too"

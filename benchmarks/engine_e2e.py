@@ -1,0 +1,268 @@
+"""A model's tokens/s with Engram rows from engramd, against the same table resident in HBM.
+
+    python -m benchmarks.engine_e2e [--models 2048x16,4096x32] [--table-gib 32] [--decode-steps 40]
+        [--rounds 3] [--busy-neighbours 3] [--json out.json]
+
+Starts engramd on a demo table built without disk (or uses --endpoint), attaches one client
+and, for each model size (benchmarks/engine_model.py: random bf16 weights, Engram modules at the
+table's layers), measures with the same weights:
+  none   the model without Engram;
+  hbm    the table copied into HBM, rows by index_select + the staged dequant kernel in each
+         Engram layer, on the main stream: the baseline engramd is judged against;
+  host   engramd's host path: hash at forward entry, prefetch every layer's rows, wait in the layer;
+  uva    engramd's UVA lookup kernel on a side stream, prefetched and waited for the same way;
+  host+busy  the host path while --busy-neighbours other processes (ranks of other GPUs, as far
+         as this host is concerned) loop 393,216-id CPU gathers on the same table.
+Decode: batch 256 (one token per sequence, with history), the whole step (hashing, prefetch,
+waits, the model, the next-token argmax) captured in one CUDA graph, fresh random tokens written
+into its inputs before every replay.  Prefill: 16,384 tokens (16 sequences of 1,024), eager.
+Variants alternate within each round; medians over rounds.  Reported: ms per step, tokens/s,
+the loss against hbm; for host, the gather pool's CPU use (cores) while it ran.  This is also the worked example docs/integration.md points to.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from benchmarks.common import write_json
+from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, Model, UvaRows
+from engram_client import EngramClient
+from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes
+from engram_client.hashing.hasher import hasher_for_config
+from engram_client.tools.bench import start_daemon
+
+BATCH, PREFILL_SEQS, PREFILL_LEN = 256, 16, 1024
+TOKENS = [VOCAB]  # token ids are drawn below this: the hasher's vocabulary (set in main)
+NEIGHBOUR = """
+import select, sys, torch
+from engram_client import EngramClient
+client = EngramClient(endpoint=sys.argv[1], device="cpu", timeout=600)
+table = client.table(client.layers[0])
+gen = torch.Generator().manual_seed(int(sys.argv[2]))
+ids = [torch.randint(0, table.num_rows, (393216,), generator=gen) for _ in range(4)]
+for warm in ids:
+    table._host.gather_rows(table, warm)
+print("ready", flush=True)
+calls = 0
+while not select.select([sys.stdin], [], [], 0)[0]:
+    table._host.gather_rows(table, ids[calls % 4])  # the CPU half of a host-path lookup
+    calls += 1
+print(calls, flush=True)
+"""
+
+
+def demo_hasher(client, vocab: int):
+    """The client's hasher (the demo table's maps 4,096 tokens); for a table without a token map,
+    one for the demo geometry and a synthetic 129,280-token map (the hash costs the same whatever
+    the map), checked against the table."""
+    if client.hasher.available:
+        return client.hasher
+    ids = torch.arange(VOCAB)
+    hasher = hasher_for_config(demo_config(vocab), (ids * 99092 // VOCAB).int().numpy(), 99092, pad_token_id=0)
+    for i, layer in enumerate(hasher.layers):
+        if tuple(hasher.primes[i]) != client.table(layer).head_sizes:
+            raise SystemExit(f"layer {layer}: the hasher's heads do not match the table's (vocab {vocab}?)")
+    return hasher
+
+
+def pool_cpu_s() -> float:
+    """CPU seconds used so far by this process's gather threads (/proc: utime + stime)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue
+        if "(engram-gather)" in stat:
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class Decode:
+    """One variant's decode step captured in a CUDA graph, with static token inputs."""
+
+    def __init__(self, model, source):
+        dev = model.device
+        self.tokens = torch.randint(0, TOKENS[0], (BATCH,), device=dev)
+        self.history = torch.randint(0, TOKENS[0], (BATCH, 3), device=dev)
+        self.starts = list(range(BATCH))
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm up eagerly: kernels compiled, the hasher's tables on the device
+                model.forward(self.tokens, BATCH, source, self.starts, self.history)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=side):
+            self.next_tokens = model.forward(self.tokens, BATCH, source, self.starts, self.history)
+        torch.cuda.synchronize()
+
+    def run(self, steps: int) -> float:
+        """GPU ms per step, fresh tokens and history before every step.  (Host time per replay is
+        benchmarks/host_time.py's measure: here the queue fills and replay() waits for the GPU.)"""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(steps):
+            torch.randint(0, TOKENS[0], (BATCH,), out=self.tokens)
+            torch.randint(0, TOKENS[0], (BATCH, 3), out=self.history)
+            self.graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / steps
+
+
+def prefill_ms(model, source) -> float:
+    tokens = torch.randint(0, TOKENS[0], (PREFILL_SEQS * PREFILL_LEN,), device=model.device)
+    starts = list(range(0, tokens.numel(), PREFILL_LEN))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    model.forward(tokens, PREFILL_SEQS, source, starts, None)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def start_neighbours(endpoint: str, count: int) -> list[subprocess.Popen]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # their torch ops made the ids before "ready"
+    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, endpoint, str(i)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for i in range(count)]
+    for proc in procs:
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit("a busy neighbour did not start")
+    return procs
+
+
+def stop_neighbours(procs) -> list[int]:
+    calls = []
+    for proc in procs:
+        out, _ = proc.communicate("", timeout=120)
+        calls.append(int(out.split()[-1]) if out.split() else 0)
+    return calls
+
+
+def check_rows(sources: dict, hasher) -> None:
+    """Every source's rows for the same prefill tokens, bit for bit the HBM table's."""
+    tokens = torch.randint(0, TOKENS[0], (PREFILL_SEQS * PREFILL_LEN,), device="cuda")
+    starts = list(range(0, tokens.numel(), PREFILL_LEN))
+    expected = None
+    for name, source in sources.items():
+        if source is None:
+            continue
+        source.begin(tokens, starts, None)
+        got = [source.rows(layer).view(torch.int16) for layer in hasher.layers]
+        torch.cuda.synchronize()
+        if expected is None:
+            expected = got
+        elif not all(torch.equal(a, b) for a, b in zip(got, expected)):
+            raise SystemExit(f"{name}'s rows differ from {next(iter(n for n, s in sources.items() if s))}'s")
+
+
+def measure(model, sources: dict, args, label: str) -> dict:
+    check_rows(sources, model.hasher)
+    decodes = {name: Decode(model, source) for name, source in sources.items()}
+    for name, source in sources.items():
+        prefill_ms(model, source)  # warm-up
+    decode = {name: [] for name in sources}
+    prefill = {name: [] for name in sources}
+    cpu_before, host_wall = pool_cpu_s(), 0.0
+    for round_ in range(args.rounds):
+        for name in sources:
+            began = time.perf_counter()
+            decode[name].append(decodes[name].run(args.decode_steps))
+            prefill[name].append(prefill_ms(model, sources[name]))
+            if name.startswith("host"):
+                host_wall += time.perf_counter() - began
+        print(f"{label} round {round_}: " + ", ".join(f"{n} {decode[n][-1]:.3f}/{prefill[n][-1]:.1f} ms"
+                                                       for n in sources), flush=True)
+    result = {"decode": {}, "prefill": {}}
+    for phase, samples, tokens in (("decode", decode, BATCH), ("prefill", prefill, PREFILL_SEQS * PREFILL_LEN)):
+        for name, values in samples.items():
+            ms = statistics.median(values)
+            result[phase][name] = {"ms": ms, "all_ms": values, "tokens_per_s": tokens / ms * 1e3}
+    for phase in ("decode", "prefill"):
+        base = result[phase].get("hbm", {}).get("ms")
+        for name, entry in result[phase].items():
+            entry["loss_vs_hbm"] = entry["ms"] / base - 1 if base else None
+    # Every gather thread's CPU time over the wall time of the host variants' runs (the pool is
+    # idle, asleep, while the other variants run, apart from its watcher's naps).
+    result["pool_cores_while_host_runs"] = (pool_cpu_s() - cpu_before) / host_wall if host_wall else None
+    del decodes
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--endpoint")
+    parser.add_argument("--models", default="2048x16,4096x32")
+    parser.add_argument("--table-gib", type=float, default=32.0)
+    parser.add_argument("--decode-steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--busy-neighbours", type=int, default=0)
+    parser.add_argument("--busy-models", default="2048x16", help="models measured again with busy neighbours")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    vocab = demo_vocab_for_table_bytes(int(args.table_gib * 2**30))
+    proc, endpoint = None, args.endpoint
+    if endpoint is None:
+        proc, endpoint, _ = start_daemon(args.table_gib, load_threads=min(16, os.cpu_count() or 1))
+    results = {"gpu": torch.cuda.get_device_name(0), "batch": BATCH, "prefill_tokens": PREFILL_SEQS * PREFILL_LEN,
+               "decode_steps": args.decode_steps, "rounds": args.rounds, "models": {}}
+    try:
+        started = time.perf_counter()
+        client = EngramClient(endpoint=endpoint, device="cuda:0", lookup_path="host", timeout=3600)
+        results.update(lookup_path_info=client.lookup_path_info, table_bytes=client.status()["table_bytes"],
+                       attach_s=time.perf_counter() - started)
+        hasher = demo_hasher(client, vocab)
+        TOKENS[0] = min(VOCAB, hasher.vocab)
+        results["token_vocab"] = TOKENS[0]
+        hbm = HbmRows(client, hasher)
+        for name in args.models.split(","):
+            shape = SHAPES[name]
+            model = Model(shape, tuple(hasher.layers), len(client.table(hasher.layers[0]).head_sizes) * 256,
+                          client.device, BATCH)
+            model.hasher = hasher
+            sources = {"none": None, "hbm": hbm, "host": ClientRows(client, hasher), "uva": UvaRows(client, hasher)}
+            results["models"][name] = measure(model, sources, args, name)
+            if args.busy_neighbours and name in args.busy_models.split(","):
+                neighbours = start_neighbours(endpoint, args.busy_neighbours)
+                try:
+                    busy = measure(model, {"hbm": hbm, "host+busy": ClientRows(client, hasher)}, args, name + " busy")
+                finally:
+                    calls = stop_neighbours(neighbours)
+                busy["neighbour_gathers"] = calls
+                busy["neighbours"] = args.busy_neighbours
+                results["models"][name]["busy"] = busy
+            del model, sources
+            torch.cuda.empty_cache()
+        client.close()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=120)
+    print_results(results)
+    write_json(args.json, results)
+
+
+def print_results(results: dict) -> None:
+    print(f"| model | phase | variant | ms / step | tokens/s | vs hbm |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for name, model in results["models"].items():
+        for part in (model, model.get("busy", {})):
+            for phase in ("decode", "prefill"):
+                for variant, e in part.get(phase, {}).items():
+                    loss = "" if e["loss_vs_hbm"] is None else f"{e['loss_vs_hbm'] * 100:+.1f}%"
+                    print(f"| {name} | {phase} | {variant} | {e['ms']:.3f} | {e['tokens_per_s']:,.0f} | {loss} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""The stream-signal protocol between gather workers and a stream, on the CPU (_stream_signal.h).
+
+The suite's machines have no GPU, so a Python thread plays the stream with a SignalTestSlot (a
+signalled slot in plain memory): it writes ARMED into the slot's word as cuStreamWriteValue32
+would, waits for the word to reach each chunk as cuStreamWaitValue32 (GEQ, cyclic) would, and
+reads that chunk's rows from staging at that moment, so a chunk published before all its rows
+were staged would show.  Rows are compared byte for byte with numpy's indexing.  Cases that end
+a process (fork, exit) run in subprocesses.  tests/gpu/test_host_path_gpu.py runs the same path
+with a real stream."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engram_client import NotAttachedError, _host_gather
+from engram_client.host_lookup import IDS_IN_PLACE, IDS_ON_HOST, open_pool
+
+ROWS, ROW_BYTES, ARMED, IDLE = 5000, 264, 0, 0xFFFFFFFF
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def table() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+
+
+class SimulatedStream:
+    """What the CUDA stream does with one signalled slot, played on the CPU."""
+
+    def __init__(self, slot, capacity: int):
+        self.slot = slot
+        self.word = np.ctypeslib.as_array((ctypes.c_uint32 * 1).from_address(slot.word_address))
+        self.staging = np.ctypeslib.as_array(
+            (ctypes.c_uint8 * (capacity * ROW_BYTES)).from_address(slot.staging_address)).reshape(capacity, ROW_BYTES)
+
+    def reached(self, value: int) -> bool:
+        return (int(self.word[0]) - value) & 0xFFFFFFFF < 0x80000000  # GEQ, cyclic as the driver compares
+
+    def wait_chunk(self, chunk: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not self.reached(chunk + 1):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the workers did not stage chunk {chunk} of {self.slot.nchunks} within {WAIT_S} s "
+                                     f"(word {int(self.word[0]):#x})")
+            time.sleep(0)
+
+    def run(self, n: int, arm: bool = True) -> np.ndarray:
+        """One run as the stream sees it: arm, then each chunk's rows read as soon as its wait passes."""
+        if arm:
+            self.word[0] = ARMED
+        rows = np.empty((n, ROW_BYTES), dtype=np.uint8)
+        step = self.slot.chunk_rows
+        for chunk in range(self.slot.nchunks):
+            self.wait_chunk(chunk)
+            rows[chunk * step:(chunk + 1) * step] = self.staging[chunk * step:min(n, (chunk + 1) * step)]
+        return rows
+
+
+def wait_until(condition, what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("threads, chunks", [(1, 1), (3, 4), (8, 8)])
+@pytest.mark.parametrize("id_dtype", [np.int32, np.int64])
+def test_a_replayed_slot_stages_every_chunk_before_the_stream_copies_it(table, threads, chunks, id_dtype):
+    pool = open_pool(threads, signalled=True)
+    try:
+        assert (pool.threads, pool.caller_gathers) == (threads, False)
+        for n in (1, 33, 6144):
+            slot = _host_gather.SignalTestSlot(pool, n, ROW_BYTES, graph=True)
+            stream = SimulatedStream(slot, n)
+            ids = np.zeros(n, dtype=id_dtype)  # a graph's input buffer: read in place at every replay
+            counter = np.zeros(1, dtype=np.int64)
+            assert slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, id_dtype == np.int64, n,
+                                counter.ctypes.data, chunks) == 0
+            assert int(stream.word[0]) == IDLE and 1 <= slot.nchunks <= chunks
+            rng = np.random.default_rng(n)
+            for replay in range(25):  # back to back: a replay arms the word as the last run's workers leave
+                ids[:] = rng.integers(0, ROWS, n)
+                np.testing.assert_array_equal(stream.run(n), table[ids])
+            assert counter[0] == 0
+    finally:
+        pool.close()
+
+
+def test_out_of_range_ids_of_a_replay_are_zeroed_and_counted_without_a_host_check(table):
+    pool = open_pool(4, signalled=True)
+    try:
+        lo, hi = 1000, 3000
+        slot = _host_gather.SignalTestSlot(pool, 400, ROW_BYTES, graph=True)
+        stream = SimulatedStream(slot, 400)
+        ids = np.array([1000, 999, 2999, 3000, -1, 2**62, -2**62, 1500] * 50, dtype=np.int64)
+        counter = np.zeros(1, dtype=np.int64)
+        slot.prepare(table[lo:hi].ctypes.data, lo, hi, ids.ctypes.data, IDS_IN_PLACE, True, ids.size,
+                     counter.ctypes.data, 4)
+        for replay in range(3):
+            rows = stream.run(ids.size)
+            valid = (ids >= lo) & (ids < hi)
+            np.testing.assert_array_equal(rows[valid], table[ids[valid]])
+            assert not rows[~valid].any()
+            wait_until(lambda: counter[0] == 250 * (replay + 1), "the out-of-range count of the replay")
+    finally:
+        pool.close()
+
+
+def test_an_eager_run_starts_at_once_or_when_armed_and_frees_its_slot_at_its_end(table):
+    pool = open_pool(3, signalled=True)
+    try:
+        slot = _host_gather.SignalTestSlot(pool, 6144, ROW_BYTES)
+        stream = SimulatedStream(slot, 6144)
+        counter = np.zeros(1, dtype=np.int64)
+        rng = np.random.default_rng(7)
+        for call in range(12):
+            ids = rng.integers(0, ROWS, 6144).astype(np.int32)
+            assert slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_ON_HOST, False, ids.size,
+                                counter.ctypes.data, 4) == 0
+            assert slot.in_flight == 1
+            with pytest.raises(Exception, match="still in use by an earlier lookup"):
+                slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_ON_HOST, False, ids.size,
+                             counter.ctypes.data, 4)
+            now = call % 2 == 0
+            if now:
+                slot.start_now()  # host ids, staging free: no ARMED from the stream
+            ids_copy = ids.copy()
+            ids[:] = -1  # host ids were copied at prepare: the caller may reuse its buffer
+            np.testing.assert_array_equal(stream.run(6144, arm=not now), table[ids_copy])
+            wait_until(lambda: slot.in_flight == 0 and not slot.active, "the run's end to free the slot")
+        bad = np.array([0, ROWS, -4], dtype=np.int64)
+        assert slot.prepare(table.ctypes.data, 0, ROWS, bad.ctypes.data, IDS_ON_HOST, True, 3, counter.ctypes.data,
+                            1) == 2
+        assert slot.in_flight == 0, "a call refused for its host ids starts nothing"
+    finally:
+        pool.close()
+
+
+def test_many_slots_of_several_pools_armed_at_once_are_all_answered(table):
+    pools = [open_pool(t, signalled=True) for t in (1, 2, 5)]
+    failures: list[BaseException] = []
+
+    def stream_thread(pool, seed: int) -> None:
+        try:
+            rng = np.random.default_rng(seed)
+            slots = [_host_gather.SignalTestSlot(pool, 3000, ROW_BYTES, graph=True) for _ in range(6)]
+            streams = [SimulatedStream(s, 3000) for s in slots]
+            inputs = [np.zeros(3000, dtype=np.int64) for _ in slots]
+            counter = np.zeros(1, dtype=np.int64)
+            for slot, ids in zip(slots, inputs):
+                slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, 3000,
+                             counter.ctypes.data, 3)
+            for step in range(6):
+                for ids in inputs:
+                    ids[:] = rng.integers(0, ROWS, 3000)
+                for stream in streams:
+                    stream.word[0] = ARMED  # every slot armed before any is waited for
+                for ids, stream in zip(inputs, streams):
+                    np.testing.assert_array_equal(stream.run(3000, arm=False), table[ids])
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=stream_thread, args=(p, i)) for i, p in enumerate(pools * 2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not failures, failures
+    finally:
+        for p in pools:
+            p.close()
+
+
+def test_after_close_a_replay_is_still_answered_and_a_disarmed_one_reads_nothing(table):
+    before = thread_names()
+    pool = open_pool(4, signalled=True)
+    slot = _host_gather.SignalTestSlot(pool, 2000, ROW_BYTES, graph=True)
+    stream = SimulatedStream(slot, 2000)
+    ids = np.random.default_rng(3).integers(0, ROWS, 2000)
+    counter = np.zeros(1, dtype=np.int64)
+    slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, 2000, counter.ctypes.data, 4)
+    np.testing.assert_array_equal(stream.run(2000), table[ids])
+    pool.close()
+    assert pool.closed and thread_names().count("engram-gather") == before.count("engram-gather")
+    with pytest.raises(NotAttachedError, match="gather pool is closed"):
+        _host_gather.SignalTestSlot(pool, 10, ROW_BYTES)
+    # A graph captured before close may replay after it: one process-wide thread answers.
+    np.testing.assert_array_equal(stream.run(2000), table[ids])
+    assert "engram-signals" in thread_names()
+    slot.disarm()  # the client's close: the table is about to be unmapped
+    assert not stream.run(2000).any()
+    wait_until(lambda: counter[0] == 0 and slot.bad == 2000, "the disarmed run's zeroed rows to be counted")
+
+
+def test_idle_workers_sleep_once_the_spin_window_and_the_expected_replays_have_passed(table):
+    saved = _host_gather.get_signal_tuning()
+    _host_gather.set_signal_tuning(1_000_000, 20_000, 1_000_000)  # spin 1 ms after the last job
+    pool = open_pool(4, signalled=True)
+    try:
+        slot = _host_gather.SignalTestSlot(pool, 500, ROW_BYTES, graph=True)
+        stream = SimulatedStream(slot, 500)
+        ids = np.arange(500, dtype=np.int64)
+        counter = np.zeros(1, dtype=np.int64)
+        slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, 500, counter.ctypes.data, 2)
+        for _ in range(6):  # a steady period (5 ms), as decode replays: the watcher learns to expect more
+            stream.run(500)
+            time.sleep(0.005)
+        time.sleep(0.1)  # more than four periods without a replay: the prediction has ended
+        # Every worker, the watcher included, is seen asleep (state S) in some of 200 samples: a
+        # thread spinning on the words would always be running.
+        seen_asleep = set()
+        for _ in range(200):
+            seen_asleep |= {tid for tid, name, state in thread_states() if name == "engram-gather" and state == "S"}
+            time.sleep(0.002)
+        gather_tids = {tid for tid, name, _ in thread_states() if name == "engram-gather"}
+        assert len(gather_tids) >= 4 and gather_tids <= seen_asleep
+        np.testing.assert_array_equal(stream.run(500), table[ids])  # and a napping watcher still answers
+    finally:
+        pool.close()
+        _host_gather.set_signal_tuning(*saved)
+    with pytest.raises(ValueError, match="signal watching"):
+        _host_gather.set_signal_tuning(-1, 20_000, 1_000_000)
+
+
+def thread_states() -> list[tuple[str, str, str]]:
+    """(tid, name, state) of this process's threads, from /proc."""
+    out = []
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:  # a thread that ended while we looked
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        out.append((tid, name, stat[stat.rindex(")") + 2]))
+    return out
+
+
+def thread_names() -> list[str]:
+    return [name for _, name, _ in thread_states()]
+
+
+CHILD = textwrap.dedent("""
+    import ctypes, os, sys, time, numpy as np
+    from engram_client import NotAttachedError, _host_gather
+    from engram_client.host_lookup import open_pool
+    table = np.arange(264 * 100, dtype=np.int64).astype(np.uint8).reshape(100, 264)
+    pool = open_pool(3, signalled=True)
+    slot = _host_gather.SignalTestSlot(pool, 100, 264, graph=True)
+    word = np.ctypeslib.as_array((ctypes.c_uint32 * 1).from_address(slot.word_address))
+    staging = np.ctypeslib.as_array((ctypes.c_uint8 * (100 * 264)).from_address(slot.staging_address))
+    ids = np.arange(100, dtype=np.int64)[::-1].copy()
+    slot.prepare(table.ctypes.data, 0, 100, ids.ctypes.data, 2, True, 100, 0, 1)
+
+    def replay():
+        word[0] = 0
+        deadline = time.monotonic() + 30
+        while word[0] != 1:
+            assert time.monotonic() < deadline, "no answer to a replay"
+        return (staging.reshape(100, 264) == table[ids]).all()
+
+    assert replay()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            slot.prepare(table.ctypes.data, 0, 100, ids.ctypes.data, 2, True, 100, 0, 1)
+            os._exit(3)
+        except NotAttachedError as exc:
+            os._exit(0 if "forked child must create its own client" in str(exc) and pool.closed else 4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    print("parent still answered", replay())
+    if sys.argv[1] == "close":
+        pool.close()
+        print("janitor answered", replay())
+    # exit with the watcher (or the janitor) polling a registered word: must not hang or crash
+""")
+
+
+@pytest.mark.parametrize("ending", ["close", "leave-open"])
+def test_fork_refuses_the_parents_signals_and_exit_with_watched_words_is_clean(ending):
+    result = subprocess.run([sys.executable, "-c", CHILD, ending], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "parent still answered True" in result.stdout
+    assert ending != "close" or "janitor answered True" in result.stdout
