@@ -30,7 +30,7 @@ from .fd_limits import PeerCap, peer_budget, raise_nofile_limit
 from .lock_owner import holder, socket_lock_path, write_pid
 from .memory_trim import HeapTrimmer
 from .progress import progress_for
-from .metrics import Metrics, NoMetrics
+from .metrics import NO_OPERATION, Metrics, NoMetrics
 from .notify import EXIT_LOAD_FAILED, SystemdNotifier
 from .remote_status import RemoteStatus
 from .safe_paths import check_bind_path, prepare_socket_dir, release_lock, same_file_at, take_lock
@@ -178,7 +178,7 @@ class Server:
         envelope = [identity]
         if body[0] == b"" and len(body) >= 2:  # REQ framing: an empty delimiter first
             envelope, body = [identity, b""], body[1:]
-        request_id = None
+        request_id, op = None, NO_OPERATION
         try:
             if len(body) != 1:
                 raise ProtocolError(f"expected exactly one payload frame, got {len(body)}")
@@ -190,11 +190,11 @@ class Server:
             reply = protocol.ok_reply(request_id, OPERATIONS[op].execute(self.daemon, args, peer=identity))
             self.metrics.requests.labels(op=op).inc()
         except EngramError as exc:
-            self.metrics.errors.labels(code=exc.code).inc()
+            self.metrics.errors.labels(op=op, code=exc.code).inc()
             log.warning("refused request %r: %s: %s", request_id, type(exc).__name__, exc)
             reply = protocol.error_reply(request_id, exc.code, type(exc).__name__, str(exc))
         except Exception as exc:  # a bug in a handler must not take the daemon down
-            self.metrics.errors.labels(code="internal").inc()
+            self.metrics.errors.labels(op=op, code="internal").inc()
             log.exception("request %r failed inside the daemon", request_id)
             reply = protocol.error_reply(request_id, "internal", type(exc).__name__, f"internal error: {exc}")
         return envelope + [protocol.pack(reply)]
