@@ -13,6 +13,7 @@ MODIFIERS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 KEYWORDS = MODIFIERS | {"bool", "and", "or", "unless", "offset", "inf", "nan"}
 _IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _NUMBER = re.compile(r"[0-9][0-9.eE+-]*[a-zA-Z]*")
+_COMPARISON = re.compile(r"^(?P<signal>.+?)\s+(?P<op>==|!=|>=|<=|>|<)\s+(?P<threshold>-?[0-9.]+)\s*$", re.S)
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
@@ -86,3 +87,11 @@ def selectors(expr: str) -> list[tuple[str, dict[str, tuple[str, str]]]]:
         else:
             i += 1
     return found
+
+
+def split_comparison(expr: str) -> tuple[str, str, float]:
+    """``<signal> <op> <number>`` (the shape of every shipped alert) as (signal, op, number)."""
+    match = _COMPARISON.match(expr.strip())
+    if match is None:
+        raise ValueError(f"not `<signal> <op> <number>`: {expr!r}")
+    return match.group("signal"), match.group("op"), float(match.group("threshold"))
