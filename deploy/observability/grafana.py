@@ -19,13 +19,12 @@ GRID_WIDTH = 24
 
 def _variables() -> list[dict[str, Any]]:
     def query(name: str, label: str, expr: str, multi: bool) -> dict[str, Any]:
-        return {"name": name, "label": label, "type": "query", "datasource": DATASOURCE, "query": expr,
-                "definition": expr, "refresh": 2, "sort": 1, "multi": multi, "includeAll": multi,
-                "current": {}, "options": [], "hide": 0, "regex": ""}
+        return {"name": name, "label": label, "type": "query", "datasource": DATASOURCE, "query": expr, "refresh": 2, "sort": 1, "multi": multi, "includeAll": multi,
+                "options": [], "hide": 0, "regex": ""}
 
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "options": [], "hide": 0, "refresh": 1, "regex": ""},
+         "options": [], "hide": 0, "refresh": 1, "regex": ""},
         query("job", "Job", "label_values(engramd_state, job)", multi=False),
         query("instance", "Node", 'label_values(engramd_state{job=~"$job"}, instance)', multi=True),
     ]
@@ -51,7 +50,7 @@ def _field_config(panel: Panel) -> dict[str, Any]:
 
 
 def _options(panel: Panel) -> dict[str, Any]:
-    legend = {"displayMode": "list", "placement": "bottom", "showLegend": True}
+    legend = {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []}
     if panel.kind == "state-timeline":
         return {"showValue": "never", "mergeValues": True, "rowHeight": 0.9, "alignValue": "left",
                 "legend": legend, "tooltip": {"mode": "single", "sort": "none"}}
