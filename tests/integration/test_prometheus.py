@@ -53,6 +53,9 @@ def tools(pytestconfig):
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
 
     def announce(line: str) -> None:
+        if capture is None:  # -p no:capture
+            print(line, file=sys.stderr, flush=True)
+            return
         with capture.global_and_fixture_disabled():
             print(line, file=sys.stderr, flush=True)
 
@@ -98,7 +101,11 @@ class Prometheus:
                                       f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.log_path = directory / "prometheus.log"
-        wait_for(self._ready, "Prometheus to be ready", timeout=60)
+        try:
+            wait_for(self._ready, "Prometheus to be ready", timeout=60)
+        except BaseException:
+            self.stop()
+            raise
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -129,6 +136,9 @@ class Prometheus:
                 if a["labels"].get("instance") == instance}
 
     def stop(self) -> None:
+        if self.proc.poll() is not None:
+            self.log.close()
+            return
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
