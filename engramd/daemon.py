@@ -158,6 +158,7 @@ class Daemon:
                     previous.retired_at = time.monotonic()
                     self.retiring[previous.number] = previous
                 self.current, self.pending = generation, None
+        self.metrics.reload_finished(generation, "served")
         self._announce()
 
     def _not_recorded(self, generation: Generation, exc: OSError) -> None:
@@ -173,6 +174,7 @@ class Daemon:
 
     def _load_failed(self, generation: Generation) -> None:
         """A failed reload leaves the served generation alone; only a failed served one is news.  (Load thread.)"""
+        self.metrics.reload_finished(generation, "failed")
         if generation is self.current:
             self._announce()
 
@@ -183,7 +185,7 @@ class Daemon:
         if self._load_thread is not None and self._load_thread.is_alive():
             raise NotReadyError("a load is already in progress; wait for it (see status) before reloading")
         source = self._allowed_checkpoint(checkpoint) if checkpoint is not None else self.current.checkpoint
-        generation = Generation(self._next_number(), source)
+        generation = Generation(self._next_number(), source, by_reload=True)
         with self._lock:
             if self.current.state == READY:
                 self.pending = generation  # the served generation goes on meanwhile

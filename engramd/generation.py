@@ -23,6 +23,7 @@ class Generation:
     error: str | None = None
     adopted: bool = False  # re-adopted from a predecessor's complete file instead of loaded
     retired_at: float | None = None  # monotonic time it stopped being the served one
+    by_reload: bool = False  # started by the reload operation, not by the process's first load
 
     def describe(self, clients: int) -> dict[str, Any]:
         return {"generation": self.number, "state": self.state, "checkpoint": self.checkpoint or "<demo>",

@@ -99,6 +99,7 @@ class LoadJob:
             if self.config.numa_node is not None:
                 bind_this_thread(self.config.numa_node)  # fallocate below places every page on that node
             source = make_source()
+            generation.progress.on_add = self.metrics.load_bytes.inc
             writer = self.shm.create(header)
             log.info("loading generation %d from %s into %s (%s)", generation.number, header.checkpoint,
                      writer.partial_path, human_bytes(header.total_bytes))

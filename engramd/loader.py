@@ -15,6 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -35,10 +36,14 @@ class Progress:
     total_bytes: int = 0
     done_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Told every byte count as it lands (the daemon's load_bytes counter), so a load's rate can be
+    # scraped while it runs; it must be safe to call from the load threads.
+    on_add: Callable[[int], None] = field(default=lambda n: None, repr=False)
 
     def add(self, n: int) -> None:
         with self._lock:
             self.done_bytes += n
+        self.on_add(n)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

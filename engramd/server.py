@@ -35,7 +35,7 @@ from .log_limit import LogLimiter, clip
 from .endpoint_lock import EndpointLock
 from .memory_trim import HeapTrimmer
 from .progress import progress_for
-from .metrics import Metrics, NoMetrics
+from .metrics import NO_OPERATION, Metrics, NoMetrics
 from .notify import EXIT_LOAD_FAILED, SystemdNotifier
 from .remote_status import RemoteStatus
 from .safe_paths import check_bind_path, same_file_at
@@ -153,7 +153,7 @@ class Server:
         envelope = [identity]
         if body[0] == b"" and len(body) >= 2:  # REQ framing: an empty delimiter first
             envelope, body = [identity, b""], body[1:]
-        request_id = None
+        request_id, op = None, NO_OPERATION
         try:
             if len(body) != 1:
                 raise ProtocolError(f"expected exactly one payload frame, got {len(body)}")
@@ -166,12 +166,12 @@ class Server:
                                                                          peer=peer or Holder(identity)))
             self.metrics.requests.labels(op=op).inc()
         except EngramError as exc:
-            self.metrics.errors.labels(code=exc.code).inc()
+            self.metrics.errors.labels(op=op, code=exc.code).inc()
             self.notes.warning(f"refused requests ({exc.code})", "refused request %s: %s: %s",
                                clip(repr(request_id), 64), type(exc).__name__, clip(str(exc)))
             reply = protocol.error_reply(request_id, exc.code, type(exc).__name__, str(exc))
         except Exception as exc:  # a bug in a handler must not take the daemon down
-            self.metrics.errors.labels(code="internal").inc()
+            self.metrics.errors.labels(op=op, code="internal").inc()
             self.notes.log(logging.ERROR, "requests failed inside the daemon", "request %s failed inside the daemon",
                            clip(repr(request_id), 64), exc_info=True)
             reply = protocol.error_reply(request_id, "internal", type(exc).__name__, f"internal error: {exc}")

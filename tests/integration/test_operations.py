@@ -7,7 +7,7 @@ import time
 import urllib.request
 
 import pytest
-from waiting import free_port
+from waiting import free_port, wait_for
 from click.testing import CliRunner
 
 from engram_client import EngramClient
@@ -77,11 +77,59 @@ def test_metrics_follow_the_daemon(daemon_factory):
         assert m["engramd_clients"] == 1.0
         assert m["engramd_load_done_bytes"] == m["engramd_load_total_bytes"] > 0
         assert m['engramd_requests_total{op="attach"}'] >= 1 and m['engramd_requests_total{op="status"}'] >= 1
-        assert m['engramd_request_errors_total{code="unknown_client"}'] >= 1
+        assert m['engramd_request_errors_total{code="unknown_client",op="heartbeat"}'] >= 1
     daemon.kill(signal.SIGKILL)
     restarted = daemon_factory("--metrics-port", str(port), "--lease-seconds", "0.9")
     restarted.wait_state("ready")
     assert scrape(port)["engramd_readoptions_total"] == 1.0
+
+
+def test_refusals_are_counted_by_operation_and_code(daemon_factory):
+    port = free_port()
+    daemon = daemon_factory("--metrics-port", str(port))
+    daemon.wait_state("ready")
+    before = scrape(port)
+    # Every operation is there from the start, so a rate reads 0 rather than nothing.
+    assert all(before[f'engramd_requests_total{{op="{op}"}}'] == 0 for op in ("attach", "detach", "reload", "stop"))
+    with pytest.raises(Exception, match="unknown operation"):
+        daemon.connection.request("no_such_op")
+    with pytest.raises(Exception, match="no lease"):
+        daemon.connection.request("detach", {"client_id": "ghost"})
+    after = scrape(port)
+    # A name a peer made up never becomes a label value: it counts under op="invalid".
+    assert after['engramd_request_errors_total{code="bad_request",op="invalid"}'] == 1
+    assert after['engramd_request_errors_total{code="unknown_client",op="detach"}'] == 1
+    assert not [name for name in after if "no_such_op" in name]
+    assert after["engramd_process_open_fds"] > 0 and after["engramd_process_max_fds"] >= 96
+    assert after["engramd_process_start_time_seconds"] > 0
+
+
+def test_reloads_are_counted_by_outcome_and_loads_by_bytes(daemon_factory, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    port = free_port()
+    # A slow load, so that a scrape sees the reload running beside the served generation.
+    daemon = daemon_factory("--metrics-port", str(port), "--reload-root", str(tmp_path), "--max-load-rate", "20")
+    first = daemon.wait_state("ready")
+    m = scrape(port)
+    assert m["engramd_load_bytes_total"] == m["engramd_load_total_bytes"] == first["load"]["total_bytes"] > 0
+    assert m['engramd_reloads_total{outcome="served"}'] == m['engramd_reloads_total{outcome="failed"}'] == 0
+    assert m["engramd_reload_loading"] == m["engramd_reload_failed"] == m["engramd_reload_total_bytes"] == 0
+    daemon.connection.request("reload")
+    during = wait_for(lambda: (m := scrape(port))["engramd_reload_loading"] == 1 and m["engramd_reload_total_bytes"]
+                      and m, "a scrape during the reload")
+    assert during["engramd_reload_total_bytes"] == first["load"]["total_bytes"]
+    assert during["engramd_reload_done_bytes"] <= during["engramd_reload_total_bytes"]
+    wait_for(lambda: daemon.status()["generation"] == 2, "the reload to be served")
+    m = scrape(port)
+    assert m['engramd_reloads_total{outcome="served"}'] == 1 and m["engramd_reload_loading"] == 0
+    assert m["engramd_load_bytes_total"] == 2 * first["load"]["total_bytes"]
+    daemon.connection.request("reload", {"checkpoint": str(broken)})
+    wait_for(lambda: (s := daemon.status())["reload"] and s["reload"]["state"] == "failed", "the reload to fail")
+    m = scrape(port)
+    assert m['engramd_reloads_total{outcome="failed"}'] == 1 and m["engramd_reload_failed"] == 1
+    assert m['engramd_state{state="ready"}'] == 1, "a failed reload leaves the served generation serving"
 
 
 def test_lease_expiries_are_counted(daemon_factory):

@@ -172,7 +172,8 @@ def _shm_dir() -> str:
 # -- the tests ----------------------------------------------------------------------------
 
 def test_every_document_names_its_kind_and_api_version():
-    assert {name for name, _ in DOCS} == {"engramd-daemonset.yaml", "engine-pod-example.yaml"}
+    assert {name for name, _ in DOCS} == {"engramd-daemonset.yaml", "engine-pod-example.yaml",
+                                          "engramd-podmonitor.yaml", "engramd-prometheusrule.yaml"}
     for name, doc in DOCS:
         assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), name
         assert doc.get("metadata", {}).get("name"), f"{name}: a {doc.get('kind')} without a name"
