@@ -27,9 +27,9 @@ from safetensors import safe_open  # noqa: E402
 from benchmarks.common import summary, timed, write_json  # noqa: E402
 from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client import EngramClient  # noqa: E402
-from engram_client.cuda_host import HostRegistration  # noqa: E402
-from engramd.checkpoint import read_checkpoint  # noqa: E402
-from engramd.synth import write_checkpoint  # noqa: E402
+from engram_client.attach.registration import HostRegistration  # noqa: E402
+from engramd.loading.checkpoint import read_checkpoint  # noqa: E402
+from engramd.synth.writer import write_checkpoint  # noqa: E402
 from engram_client.tools.serve_process import launch_serve  # noqa: E402
 
 

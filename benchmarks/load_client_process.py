@@ -1,6 +1,6 @@
 """One client process of benchmarks/load_clients.py: attach, heartbeat on its own connection, poll status, detach.
 
-It speaks the protocol through engram_client.connection.DaemonConnection only, so it
+It speaks the protocol through engram_client.attach.connection.DaemonConnection only, so it
 never imports torch (it reports whether it did).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import DaemonUnavailableError, EngramError, UnknownClientError
 
 START_TIMEOUT_S = 120.0  # attach, and the wait for every client to be attached

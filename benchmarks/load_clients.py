@@ -5,7 +5,7 @@
 Without --socket it starts an engramd on its embedded demo table (a temporary ipc socket
 and shm dir, both removed afterwards); with --socket it uses the daemon already there.
 It then spawns --clients processes.  Each one, speaking the protocol through
-engram_client.connection.DaemonConnection (which never imports torch):
+engram_client.attach.connection.DaemonConnection (which never imports torch):
 
     attach ──▶ [wait for all] ──▶ status, status, ... for --seconds ──▶ [wait] ──▶ detach
                    heartbeat every lease/3 s, on a connection of its own, throughout
@@ -36,9 +36,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.load_client_process import START_TIMEOUT_S, client_main  # noqa: E402
-from engram_client.connection import DaemonConnection  # noqa: E402
+from engram_client.attach.connection import DaemonConnection  # noqa: E402
 from engram_client.core.errors import EngramError  # noqa: E402
-from engram_client.readiness import wait_ready  # noqa: E402
+from engram_client.attach.readiness import wait_ready  # noqa: E402
 from engram_client.tools.serve_process import launch_serve  # noqa: E402
 
 

@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import drop_file, mount_huge_tmpfs, summary, timed, unmount, write_json  # noqa: E402
 from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client.core.table_file import TableHeader  # noqa: E402
-from engramd.checkpoint import read_checkpoint  # noqa: E402
-from engramd.loader import CheckpointSource, Progress, fill_table  # noqa: E402
-from engramd.synth import write_checkpoint  # noqa: E402
-from engramd.shm_dir import ShmDir, instance_id  # noqa: E402
+from engramd.loading.checkpoint import read_checkpoint  # noqa: E402
+from engramd.loading.loader import CheckpointSource, Progress, fill_table  # noqa: E402
+from engramd.synth.writer import write_checkpoint  # noqa: E402
+from engramd.shm.table_files import ShmDir, instance_id  # noqa: E402
 
 
 def load_once(plan, shm_dir: str, threads: int) -> float:

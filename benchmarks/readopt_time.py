@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import summary, write_json  # noqa: E402
-from engram_client.connection import DaemonConnection  # noqa: E402
+from engram_client.attach.connection import DaemonConnection  # noqa: E402
 from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
 from engram_client.core.errors import EngramError  # noqa: E402
 from engram_client.core.protocol import READY  # noqa: E402

@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import write_json  # noqa: E402
 from engram_client.core import protocol  # noqa: E402
-from engram_client.connection import DaemonConnection  # noqa: E402
+from engram_client.attach.connection import DaemonConnection  # noqa: E402
 from engram_client.core.errors import EngramError  # noqa: E402
-from engram_client.readiness import wait_ready  # noqa: E402
+from engram_client.attach.readiness import wait_ready  # noqa: E402
 from engram_client.tools.serve_process import launch_serve  # noqa: E402
 
 SAMPLE_S = 5.0
@@ -51,7 +51,7 @@ def honest_client(endpoint: str, seconds: float, results) -> None:
 
     from engram_client import EngramClient
     from engram_client.core.demo_rows import demo_rows
-    from engram_client.reference import reference_bf16_bits, same_bf16
+    from engram_client.lookup.reference import reference_bf16_bits, same_bf16
 
     report = {"pid": os.getpid(), "lookups": 0, "rows": 0, "mismatches": 0, "lease_changes": 0, "errors": []}
     try:

@@ -2,7 +2,7 @@
 
 The public API is what this module exports; tests pin it.  Names that need torch are
 imported on first use, so the daemon and light tools that only speak the protocol
-(``engram_client.core``, ``engram_client.connection``) never pay for torch.
+(``engram_client.core``, ``engram_client.attach.connection``) never pay for torch.
 """
 from .core.errors import (CheckpointError, CudaRegistrationError, DaemonUnavailableError, EngramError,
                      EngramTimeoutError, IdsOutOfRangeError, LayoutError, NotAttachedError, NotCapturableError,
@@ -21,7 +21,7 @@ __all__ = [
     "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
     "UnknownLayerError", "TokenIdsError", "HasherUnavailableError", "SocketRefusedError",
 ]
-_LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
+_LAZY = {"EngramClient": ".client", "EngramTable": ".lookup.table", "PrefetchHandle": ".lookup.prefetch"}
 
 
 def __getattr__(name: str):

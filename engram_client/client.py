@@ -23,15 +23,15 @@ from typing import Any
 import torch
 
 from .client_state import ClientState, same_file
-from .connection import DaemonConnection
+from .attach.connection import DaemonConnection
 from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
-from .hot_rows import HotRowCache
-from .lookup_config import LookupConfig, default_gather_threads
-from .mapped_generation import MappedGeneration
-from .readiness import wait_ready
-from .layer_table import LayerTable
-from .table import EngramTable
+from .lookup.uva.hot_rows import HotRowCache
+from .lookup.config import LookupConfig, default_gather_threads
+from .attach.mapped_generation import MappedGeneration
+from .attach.readiness import wait_ready
+from .lookup.layer_table import LayerTable
+from .lookup.table import EngramTable
 from .token_rows import hasher_for, prefetch_tokens
 
 log = logging.getLogger("engram_client")
@@ -98,8 +98,8 @@ class EngramClient:
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
-            from .host_lookup import open_pool
-            from .host_signal import STREAM_MEMOPS, signalling_for
+            from .lookup.host.host_lookup import open_pool
+            from .lookup.host.host_signal import STREAM_MEMOPS, signalling_for
 
             if self.device.type == "cuda":
                 self._signalling = signalling_for(self.device)

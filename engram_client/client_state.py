@@ -13,12 +13,12 @@ import os
 import threading
 from typing import Any
 
-from .connection import DaemonConnection
+from .attach.connection import DaemonConnection
 from .core.errors import EngramError, UnknownClientError
-from .fork_guard import release_in_forked_child
+from .attach.fork_guard import release_in_forked_child
 from .hashing.hasher import UnavailableHasher
-from .mapped_generation import MappedGeneration
-from .layer_table import LayerTable
+from .attach.mapped_generation import MappedGeneration
+from .lookup.layer_table import LayerTable
 
 log = logging.getLogger("engram_client")
 

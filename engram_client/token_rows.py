@@ -23,8 +23,8 @@ from .core.table_file import read_header
 from .hashing.hasher import NgramHasher, UnavailableHasher
 
 if TYPE_CHECKING:
-    from .mapped_generation import MappedGeneration
-    from .prefetch import PrefetchHandle
+    from .attach.mapped_generation import MappedGeneration
+    from .lookup.prefetch import PrefetchHandle
 
 
 def hasher_for(mapped: "MappedGeneration") -> NgramHasher | UnavailableHasher:

@@ -1,4 +1,4 @@
 """`python -m engramd`: the command line."""
-from .cli import main
+from .cli.main import main
 
 main()

@@ -14,7 +14,7 @@ What it shows (docs/integration.md explains each step):
 It starts its own engramd on the embedded demo table (a temporary socket and shm dir, both
 removed at the end, so it never touches a daemon already running), runs the model on a batch,
 then runs it again with the Engram rows computed from the demo table's definition
-(engram_client.core.demo_rows + engram_client.reference: numpy, float64, no lookup code) instead of
+(engram_client.core.demo_rows + engram_client.lookup.reference: numpy, float64, no lookup code) instead of
 read through the daemon.  The lookups are bit-exact and everything else is the same model on
 the same device, so the two outputs must be identical: the difference must be exactly 0.
 
@@ -40,12 +40,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engram_client import EngramClient, IdsOutOfRangeError
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE, demo_config, demo_rows
 from engram_client.core.errors import EngramError
 from engram_client.core.layout import LayerLayout, build_layout
-from engram_client.readiness import wait_ready
-from engram_client.reference import reference_bf16_bits
+from engram_client.attach.readiness import wait_ready
+from engram_client.lookup.reference import reference_bf16_bits
 from engram_client.tools.serve_process import launch_serve
 
 READY_TIMEOUT_S = 120.0
@@ -154,7 +154,7 @@ class _Ready:
 
 
 class ReferenceTable:
-    """The demo table's rows from its definition, dequantized by engram_client.reference."""
+    """The demo table's rows from its definition, dequantized by engram_client.lookup.reference."""
 
     def __init__(self, layout: LayerLayout, seed: int, device: torch.device):
         self.layout, self.seed, self.device = layout, seed, device

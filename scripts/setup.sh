@@ -6,18 +6,18 @@
 # Later runs find .venv complete and say nothing.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."  # the clone, from any directory and through a link
-# The C extensions are built in place at install; a source newer than a built extension
-# (a pull, a branch switch) would leave the old code running, so that rebuilds them.
+# The C extensions are built in place at install, each beside its sources; a source newer than
+# its built extension (a pull, a branch switch) would leave the old code running, so that rebuilds them.
 extensions_stale() {
   local so
-  for so in engram_client/_*.so; do
+  for so in engram_client/lookup/host/_*.so engram_client/hashing/_*.so; do
     [ -e "$so" ] || continue
-    [ -z "$(find engram_client -maxdepth 1 \( -name '*.c' -o -name '*.h' \) -newer "$so")" ] || return 0
+    [ -z "$(find "$(dirname "$so")" -maxdepth 1 \( -name '*.c' -o -name '*.h' \) -newer "$so")" ] || return 0
     [ ! setup.py -nt "$so" ] || return 0
   done
   return 1
 }
-if .venv/bin/python -c "import engramd, engram_client, engram_client._host_gather, engram_client._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
+if .venv/bin/python -c "import engramd, engram_client, engram_client.lookup.host._host_gather, engram_client.hashing._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   if extensions_stale; then
     echo "setup: the C sources changed since the extensions were built; rebuilding them ..." >&2
     .venv/bin/python -m pip install -q --no-deps -e .

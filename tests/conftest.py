@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import EngramError
 from engram_client.tools.serve_process import launch_serve
 

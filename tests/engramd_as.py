@@ -21,11 +21,11 @@ _AS_USER = textwrap.dedent("""
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if not info.name.endswith("__main__"):  # importing __main__ would run the command line
                 importlib.import_module(info.name)
-    import engram_client.connection, engram_client.readiness  # noqa: F401
+    import engram_client.attach.connection, engram_client.attach.readiness  # noqa: F401
     uid, gid = int(sys.argv[1]), int(sys.argv[2])
     groups = [int(g) for g in sys.argv[3].split(",") if g]
     os.setgroups(groups); os.setgid(gid); os.setuid(uid)
-    from engramd.cli import main
+    from engramd.cli.main import main
     main(sys.argv[4:], prog_name="engramd")
 """)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engram_client.reference import e4m3_to_float64, e8m0_to_float64, reference_bf16_bits, same_bf16
+from engram_client.lookup.reference import e4m3_to_float64, e8m0_to_float64, reference_bf16_bits, same_bf16
 
 
 def bf16_bits(out: torch.Tensor) -> np.ndarray:

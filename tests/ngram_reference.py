@@ -1,6 +1,6 @@
 """An independent reference for the token hash, written from the algorithm's description
 (DeepSeek's Engram reference, as issue 12 states it), in plain Python: no numpy in the
-hash, no code shared with engram_client.hashing or engramd.token_map.
+hash, no code shared with engram_client.hashing or engramd.loading.token_map.
 
 Slow by design: one Python loop per token, layer, order and head.
 """

@@ -23,7 +23,7 @@ RANK = textwrap.dedent("""
     import numpy as np, torch
     from engram_client import EngramClient
     from engram_client.core.demo_rows import demo_rows
-    from engram_client.reference import reference_bf16_bits, same_bf16
+    from engram_client.lookup.reference import reference_bf16_bits, same_bf16
 
     endpoint, rank, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     counts = {"rank": rank, "lookups": 0, "exact": 0, "mismatch": 0, "after_kill": 0,

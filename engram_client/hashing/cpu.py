@@ -12,7 +12,7 @@ from .numpy_hash import hash_rows_numpy
 log = logging.getLogger("engram_client")
 
 try:
-    from .._ngram_hash import hash_rows as _hash_rows_c
+    from ._ngram_hash import hash_rows as _hash_rows_c
 except ImportError:  # built without a compiler: correct, about four times slower
     _hash_rows_c = None
 
@@ -26,7 +26,7 @@ def hash_rows_cpu(tokens, starts, history, token_map, pad_id, multipliers, prime
     """Fill ``out`` [T, L, heads] (int32 or int64); -1, or the index of the first bad id."""
     if (backend or cpu_backend()) == "c":
         if _hash_rows_c is None:
-            raise RuntimeError("the C hash extension engram_client._ngram_hash was not built")
+            raise RuntimeError("the C hash extension engram_client.hashing._ngram_hash was not built")
         return _hash_rows_c(tokens, starts, history, token_map, pad_id, multipliers, primes, offsets, max_ngram,
                             heads_per_order, out)
     return hash_rows_numpy(tokens, starts, history, token_map, pad_id, multipliers, primes, offsets, max_ngram,

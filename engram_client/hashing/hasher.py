@@ -158,7 +158,7 @@ class NgramHasher:
         return on_device
 
     def _row_ids_cuda(self, tokens, starts, history, out) -> torch.Tensor:
-        from ..kernels.ngram_hash import launch_ngram_hash
+        from .ngram_kernel import launch_ngram_hash
 
         token_map, multipliers, primes, offsets = self._device_tables(tokens.device)
         starts_dev = self._device_starts(starts, tokens.device)

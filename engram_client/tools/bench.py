@@ -31,11 +31,11 @@ import time
 import torch
 
 from engram_client import EngramClient
-from engram_client.hot_rows import HotRowCache
+from engram_client.lookup.uva.hot_rows import HotRowCache
 from engram_client.core.demo_rows import demo_vocab_for_table_bytes
 from engram_client.core.layout import QUANT_BLOCK
 from engram_client.tools.serve_process import launch_serve
-from engram_client.dequant import dequantize_rows, scale_factors
+from engram_client.lookup.dequant import dequantize_rows, scale_factors
 
 from .bench_ids import SIZES, IdSampler
 from .bench_text import with_text

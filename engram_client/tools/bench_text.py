@@ -57,7 +57,7 @@ class TextWorkload:
     def __init__(self, layouts, layer: int, max_ngram: int, tokenizer_path: str | None = None):
         from tokenizers import Tokenizer
 
-        from engramd.token_map import compressed_map
+        from engramd.loading.token_map import compressed_map
 
         path = tokenizer_path or v4_tokenizer_path()
         if path is None:

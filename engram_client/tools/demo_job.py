@@ -14,12 +14,12 @@ import time
 
 import click
 
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import EngramError
-from engram_client.readiness import wait_ready
+from engram_client.attach.readiness import wait_ready
 from engram_client.tools.serve_process import CHILD_PYTHON, launch_serve
-from engramd.sizes import human_bytes
-from engramd.status_text import print_status
+from engramd.reporting.sizes import human_bytes
+from engramd.reporting.status_text import print_status
 
 READY_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 300.0

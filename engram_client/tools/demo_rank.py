@@ -17,7 +17,7 @@ import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
 from engram_client.core.demo_rows import demo_rows
-from engram_client.reference import reference_bf16_bits, same_bf16
+from engram_client.lookup.reference import reference_bf16_bits, same_bf16
 
 from .demo_tokens import check_tokens
 

@@ -1,6 +1,6 @@
 """The demo rank's token check: packed sequences of token ids in, every layer's rows out.
 
-The demo table carries a token map (engramd.token_map.demo_token_map), so a demo rank
+The demo table carries a token map (engramd.loading.token_map.demo_token_map), so a demo rank
 exercises the whole path a model's forward takes: ``client.prefetch_tokens`` hashes the
 tokens and starts every layer's lookup; the rows that come back are compared bit for bit
 with the demo's reference rows at the hasher's row ids.

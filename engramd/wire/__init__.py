@@ -19,6 +19,8 @@ DEALER and REQ sockets talk to the request socket, SUB and XSUB to the events so
     cut.py       shutting down a connection whose queue is full
 
 Nothing here knows about requests' meaning: it must not import the daemon, ops or leases.
+
+Must not import: ``engramd.daemon``, ``engramd.guards.lease_limits``, ``engramd.cli``.
 """
 from __future__ import annotations
 

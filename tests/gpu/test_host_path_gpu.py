@@ -12,7 +12,7 @@ import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError, NotAttachedError
 from engram_client.core.demo_rows import demo_rows
-from engram_client.host_lookup import MAX_SLOTS
+from engram_client.lookup.host.host_lookup import MAX_SLOTS
 from exactness import assert_bf16_exact, assert_float32_exact
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from engram_client import EngramClient, IdsOutOfRangeError, host_signal
+from engram_client import EngramClient, IdsOutOfRangeError
+from engram_client.lookup.host import host_signal
 from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact
 

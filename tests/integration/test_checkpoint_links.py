@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from waiting import wait_for
 
 SECRET = b"root:$6$saltsalt$" + b"x" * 4000  # stands for /etc/shadow: a file outside the root

@@ -24,9 +24,9 @@ from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_rows
 from engram_client.core.layout import EngramConfig, build_layout
 from engram_client.core.table_file import TableHeader
-from engramd.checkpoint import read_checkpoint
-from engramd.cli import main
-from engramd.synth import synth_config, write_checkpoint
+from engramd.loading.checkpoint import read_checkpoint
+from engramd.cli.main import main
+from engramd.synth.writer import synth_config, write_checkpoint
 from exactness import assert_bf16_exact
 from tmpfs_mount import mounted_tmpfs
 
@@ -144,7 +144,7 @@ def test_status_wait_returns_at_once_for_a_failed_daemon(daemon_factory, tmp_pat
         time.sleep(seconds)
 
     # Only the CLI module's view of `time` changes; the real module is untouched.
-    monkeypatch.setattr("engramd.cli.time", types.SimpleNamespace(
+    monkeypatch.setattr("engramd.cli.main.time", types.SimpleNamespace(
         monotonic=time.monotonic, sleep=counting_sleep, strftime=time.strftime, localtime=time.localtime))
     result = cli("status", "--wait", "600", "--socket", daemon.endpoint)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)

@@ -12,16 +12,16 @@ import textwrap
 
 import pytest
 
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from tmpfs_mount import mounted_tmpfs
 
 PROCESS_TIMEOUT_S = 60
 AS_NOBODY = textwrap.dedent("""
     import os, sys
-    import engramd.cli, engramd.remote_status, engramd.synth, engramd.checkpoint  # noqa: F401
-    import engramd.server, engramd.shm_check  # noqa: F401
+    import engramd.cli.main, engramd.daemon.remote_status, engramd.synth.writer, engramd.loading.checkpoint  # noqa: F401
+    import engramd.daemon.server, engramd.shm.fs_check  # noqa: F401
     os.setgid(65534); os.setuid(65534)  # after the imports: the interpreter's files may be root's
-    engramd.cli.main(sys.argv[1:], prog_name="engramd")
+    engramd.cli.main.main(sys.argv[1:], prog_name="engramd")
 """)
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from engramd.cli import main
+from engramd.cli.main import main
 
 EXIT_UNREACHABLE = 3
 
@@ -120,7 +120,7 @@ def test_status_wait_still_waits_for_a_daemon_that_starts_later(daemon_factory, 
 
 
 def test_silence_on_tcp_is_explained_without_talk_of_socket_files(tmp_path):
-    from engramd.remote_status import create_keys
+    from engramd.daemon.remote_status import create_keys
     from waiting import free_port
 
     keys = str(tmp_path / "keys")

@@ -6,8 +6,8 @@ import stat
 
 from click.testing import CliRunner
 
-from engramd.checkpoint import read_checkpoint
-from engramd.cli import main
+from engramd.loading.checkpoint import read_checkpoint
+from engramd.cli.main import main
 
 
 def cli(*args: str):

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from engram_client import (EngramClient, EngramTimeoutError, IdsOutOfRangeError, NotAttachedError,
                            NotReadyError)
 from engram_client.core.demo_rows import demo_rows
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from exactness import assert_bf16_exact, assert_float32_exact, bf16_bits
 
 
@@ -132,7 +132,7 @@ RANK = textwrap.dedent("""
     import sys, numpy as np, torch
     from engram_client import EngramClient
     from engram_client.core.demo_rows import demo_rows
-    from engram_client.reference import reference_bf16_bits, same_bf16
+    from engram_client.lookup.reference import reference_bf16_bits, same_bf16
     client = EngramClient(endpoint=sys.argv[1], device="cpu", rank=int(sys.argv[2]))
     ids = np.random.default_rng(int(sys.argv[2])).integers(0, client.table(1).num_rows, 2000)
     out = client.table(1).lookup(torch.from_numpy(ids)).view(torch.int16).numpy().view(np.uint16)

@@ -8,7 +8,7 @@ import pytest
 
 from engram_client.core.errors import DaemonUnavailableError
 from engram_client.core.table_file import read_header
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from tmpfs_mount import mounted_tmpfs
 
 

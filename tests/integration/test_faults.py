@@ -21,7 +21,7 @@ from safetensors import safe_open
 from engram_client import DaemonUnavailableError, EngramClient, EngramTimeoutError, NotReadyError
 from engram_client.core.table_file import read_header
 from engram_client.core.errors import TableFileError
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from exactness import assert_bf16_exact
 from ranks_under_kill import run_ranks_through_a_kill
 from waiting import wait_for

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from engram_client import EngramClient
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import RequestError, UnknownClientError
 from proc_stats import open_fds, rss_mib
 from waiting import wait_for

@@ -14,9 +14,9 @@ import tempfile
 
 import pytest
 
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import DaemonUnavailableError
-from engramd.shm_dir import instance_id
+from engramd.shm.table_files import instance_id
 from other_user import other_user  # noqa: F401  (a fixture)
 
 

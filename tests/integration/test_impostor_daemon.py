@@ -114,7 +114,7 @@ def test_a_reply_from_another_users_process_is_refused_even_past_the_file_check(
     # the daemon's socket may go and another user's take its name.  A test cannot hit that moment by
     # chance, so the swap is made inside it: the real check runs on root's socket, then root's
     # socket goes, the other user's engramd binds the name, and only then does the client connect.
-    import engram_client.connection as connection_module
+    import engram_client.attach.connection as connection_module
 
     os.chmod(socket_dir, 0o1777)
     endpoint = f"ipc://{socket_dir}/engramd.sock"

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 
 # Far above what inspect needs at the head limit; the quadratic search it replaced took hours.
 LAYOUT_TIMEOUT_S = 300

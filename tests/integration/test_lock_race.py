@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.tools.serve_process import launch_serve
 from waiting import wait_for
 

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from engram_client.connection import DaemonConnection
-from engramd.fd_limits import MIN_NOFILE, OWN_FDS, PEER_SHARE
+from engram_client.attach.connection import DaemonConnection
+from engramd.guards.fd_limits import MIN_NOFILE, OWN_FDS, PEER_SHARE
 from waiting import wait_for
 
 PROCESS_TIMEOUT_S = 60

@@ -11,7 +11,7 @@ from waiting import free_port, wait_for
 from click.testing import CliRunner
 
 from engram_client import EngramClient
-from engramd.cli import main
+from engramd.cli.main import main
 
 
 def effective(output: str) -> dict[str, tuple[str, str]]:

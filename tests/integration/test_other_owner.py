@@ -155,12 +155,12 @@ def test_a_group_the_daemons_user_is_not_in_is_refused_before_binding(other_user
 # already bound socket is closed and removed, and the process ends with one error line.
 CHOWN_FAILS = """
 import errno, os, sys
-import engramd.safe_paths
-engramd.safe_paths.check_group_usable = lambda group, gid: None
+import engramd.guards.safe_paths
+engramd.guards.safe_paths.check_group_usable = lambda group, gid: None
 def chown(path, uid, gid, **kw):
     raise PermissionError(errno.EPERM, "Operation not permitted", path)
 os.chown = chown
-from engramd.cli import main
+from engramd.cli.main import main
 main(sys.argv[1:], prog_name="engramd")
 """
 

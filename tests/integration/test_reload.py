@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from engram_client import EngramClient, NotReadyError
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from exactness import assert_bf16_exact
 from waiting import wait_for
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 
 PROCESS_TIMEOUT_S = 60
 

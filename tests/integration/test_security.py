@@ -11,9 +11,9 @@ import textwrap
 import pytest
 from waiting import free_port
 
-from engram_client.connection import DaemonConnection
+from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import ProtocolError, RequestError
-from engramd.remote_status import create_keys
+from engramd.daemon.remote_status import create_keys
 
 
 def test_files_are_owner_only_by_default(demo_daemon):
@@ -44,7 +44,7 @@ def test_unknown_group_is_refused(daemon_factory):
 
 OTHER_USER = textwrap.dedent("""
     import os, sys, time
-    from engram_client.connection import DaemonConnection
+    from engram_client.attach.connection import DaemonConnection
     from engram_client.core.errors import DaemonUnavailableError
     os.setgid(65534); os.setuid(65534)  # nobody (after the imports: the interpreter's files may be root's)
     started = time.monotonic()

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from waiting import wait_for
 
 HELD_S = 30  # how long strace holds each fsync: far longer than the steps taken meanwhile

@@ -74,8 +74,8 @@ def test_a_complete_venv_is_left_alone_silently(tmp_path):
 def test_c_sources_newer_than_their_built_extension_are_rebuilt(tmp_path):
     first = run_setup(tmp_path)
     assert first.returncode == 0
-    package = tmp_path / "project" / "engram_client"
-    package.mkdir()
+    package = tmp_path / "project" / "engram_client" / "lookup" / "host"
+    package.mkdir(parents=True)
     built, source = package / "_host_gather.cpython-311-x86_64-linux-gnu.so", package / "_host_gather.c"
     built.write_bytes(b"")
     source.write_text("/* changed */")

@@ -22,8 +22,8 @@ import textwrap
 
 import pytest
 
-from engramd.shm_dir import instance_id
-from engramd.synth import write_checkpoint
+from engramd.shm.table_files import instance_id
+from engramd.synth.writer import write_checkpoint
 from engram_client.tools.serve_process import serve_command
 from hugetlbfs_mount import mounted_hugetlbfs
 from other_user import SYSTEM_PYTHON, daemon_user, other_user  # noqa: F401  (fixtures)
@@ -46,7 +46,7 @@ PLANT = textwrap.dedent("""
 """)
 ASK = textwrap.dedent("""
     import json, sys
-    from engram_client.connection import DaemonConnection
+    from engram_client.attach.connection import DaemonConnection
     from engram_client.core.errors import EngramError
     try:
         reply = DaemonConnection(sys.argv[1]).request(sys.argv[2], json.loads(sys.argv[3]), timeout=10)

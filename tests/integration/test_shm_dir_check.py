@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engramd.shm_check import inspect_shm_dir
+from engramd.shm.fs_check import inspect_shm_dir
 from tmpfs_mount import mounted_tmpfs
 
 PROCESS_TIMEOUT_S = 60

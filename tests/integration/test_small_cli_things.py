@@ -10,7 +10,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from engramd.cli import main
+from engramd.cli.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENGRAMD = os.path.join(os.path.dirname(sys.executable), "engramd")  # the installed console script

@@ -10,7 +10,7 @@ import time
 from click.testing import CliRunner
 
 from engram_client import EngramClient
-from engramd.cli import main
+from engramd.cli.main import main
 
 
 def test_status_shows_clients_without_rank_and_the_retiring_generation(demo_daemon):

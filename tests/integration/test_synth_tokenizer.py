@@ -5,8 +5,8 @@ import json
 
 from click.testing import CliRunner
 
-from engramd.cli import main
-from engramd.token_map import compressed_map
+from engramd.cli.main import main
+from engramd.loading.token_map import compressed_map
 
 
 def test_synth_writes_a_tokenizer_and_its_config_fields(tmp_path):

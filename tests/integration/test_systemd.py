@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 
 UNIT = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "systemd", "engramd.service")
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from engramd.notify import EXIT_LOAD_FAILED
-from engramd.synth import write_checkpoint
+from engramd.reporting.notify import EXIT_LOAD_FAILED
+from engramd.synth.writer import write_checkpoint
 
 PROCESS_TIMEOUT_S = 60
 

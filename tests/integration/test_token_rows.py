@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engram_client import EngramClient, HasherUnavailableError, TokenIdsError
-from engramd.synth import write_checkpoint
+from engramd.synth.writer import write_checkpoint
 from ngram_reference import compressed_vocabulary, head_primes, multipliers, packed_rows
 from waiting import wait_for
 

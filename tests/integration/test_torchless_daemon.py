@@ -64,7 +64,7 @@ def test_a_command_that_needs_an_extra_names_it_in_one_line(args, extra, tmp_pat
 
 def test_an_extra_missing_deeper_in_a_command_is_one_line_too():
     # A command of the real group whose module imports torch only once it runs (as a kernel's Triton would).
-    code = ("import sys\nimport click\nfrom engramd.cli import main\n"
+    code = ("import sys\nimport click\nfrom engramd.cli.main import main\n"
             "@main.command()\ndef lookup():\n    import torch  # noqa: F401\n"
             "main(['lookup'], prog_name='engramd')\n")
     result = subprocess.run([sys.executable, "-c", code], env=torchless_env(), capture_output=True, text=True,

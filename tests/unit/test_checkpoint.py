@@ -1,6 +1,6 @@
 """read_checkpoint on real safetensors files: the plan it makes, and every refusal.
 
-Checkpoints come from ``engramd.synth`` or straight from the safetensors library,
+Checkpoints come from ``engramd.synth.writer`` or straight from the safetensors library,
 small enough to write in milliseconds; damage is done by editing bytes on disk.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 
 from engram_client.core.errors import CheckpointError, LayoutError
 from engram_client.core.layout import EngramConfig, build_layout
-from engramd.checkpoint import INDEX_NAME, read_checkpoint
-from engramd.synth import synth_config, write_checkpoint
+from engramd.loading.checkpoint import INDEX_NAME, read_checkpoint
+from engramd.synth.writer import synth_config, write_checkpoint
 
 VOCAB = 50
 LAYERS = [1, 14]

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from engram_client.core.errors import CheckpointError
-from engramd.checkpoint import read_checkpoint
-from engramd.checkpoint_guard import CheckpointGuard, sample_rows
-from engramd.loader import CheckpointSource, Progress, fill_table
-from engramd.synth import write_checkpoint
-from engramd.shm_dir import ShmDir
+from engramd.loading.checkpoint import read_checkpoint
+from engramd.guards.checkpoint_guard import CheckpointGuard, sample_rows
+from engramd.loading.loader import CheckpointSource, Progress, fill_table
+from engramd.synth.writer import write_checkpoint
+from engramd.shm.table_files import ShmDir
 from engram_client.core.table_file import TableHeader
 
 

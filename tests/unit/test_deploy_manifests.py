@@ -185,7 +185,7 @@ def test_daemonset_is_apps_v1_and_selects_its_own_pods():
     labels = ds["spec"]["template"]["metadata"]["labels"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert not spec.get("hostIPC"), "the table is a file and the sockets are paths: no hostIPC"
-    # SIGTERM waits up to 60 s for a load thread to stop (engramd/daemon.py): give it that and more.
+    # SIGTERM waits up to 60 s for a load thread to stop (engramd/daemon/state_machine.py): give it that and more.
     assert spec["terminationGracePeriodSeconds"] >= 60
 
 

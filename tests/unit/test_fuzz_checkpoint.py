@@ -29,8 +29,8 @@ from safetensors import safe_open
 
 from engram_client.core.errors import CheckpointError, LayoutError
 from engram_client.core.layout import CONFIG_FIELDS, EngramConfig, build_layout
-from engramd.checkpoint import INDEX_NAME, read_checkpoint
-from engramd.synth import write_checkpoint
+from engramd.loading.checkpoint import INDEX_NAME, read_checkpoint
+from engramd.synth.writer import write_checkpoint
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engram_client import _host_gather
-from engram_client.host_lookup import open_pool
+from engram_client.lookup.host import _host_gather
+from engram_client.lookup.host.host_lookup import open_pool
 
 ROWS = 4000
 

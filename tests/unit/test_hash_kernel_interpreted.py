@@ -22,7 +22,7 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 9):
 SCRIPT = textwrap.dedent("""
     import numpy as np, torch
     from engram_client.hashing.hasher import hasher_for_config
-    from engram_client.kernels.ngram_hash import launch_ngram_hash
+    from engram_client.hashing.ngram_kernel import launch_ngram_hash
     from engram_client.core.layout import EngramConfig, build_layout, head_sizes
     fields = {"engram_vocab_size": [300, 500, 700], "engram_layer_ids": [3, 0], "engram_max_ngram_size": 4,
               "engram_n_heads": 5, "engram_head_dim": 32}

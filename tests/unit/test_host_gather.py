@@ -1,4 +1,4 @@
-"""The C row gather (engram_client._host_gather) on the CPU: exact bytes, bad ids, the pool's life.
+"""The C row gather (engram_client.lookup.host._host_gather) on the CPU: exact bytes, bad ids, the pool's life.
 
 Each gather is compared byte for byte with numpy's fancy indexing of the same table.  Life
 cycle cases that end a process (fork, interpreter exit) run in subprocesses."""
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engram_client import EngramError, NotAttachedError
-from engram_client.host_lookup import count_outside, open_pool
+from engram_client.lookup.host.host_lookup import count_outside, open_pool
 
 ROWS, ROW_BYTES = 5000, 264
 
@@ -121,7 +121,7 @@ def gather_threads() -> int:
 CHILD = textwrap.dedent("""
     import os, sys, numpy as np
     from engram_client import NotAttachedError
-    from engram_client.host_lookup import open_pool
+    from engram_client.lookup.host.host_lookup import open_pool
     table = np.arange(264 * 100, dtype=np.int64).astype(np.uint8).reshape(100, 264)
     pool = open_pool(4)
     ids = np.arange(100, dtype=np.int64)

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from engram_client import host_signal
+from engram_client.lookup.host import host_signal
 from engram_client.core.errors import ConfigError, CudaRegistrationError
 
 UNSUPPORTED = {"supported": False, "reason": "the stream did not answer a CPU-written word within 1 s",

@@ -82,9 +82,9 @@ def test_find_cycle_finds_one():
 
 def test_no_import_loops():
     modules = project_modules()
-    assert "engramd.cli" in modules and "engram_client.core.protocol" in modules
+    assert "engramd.cli.main" in modules and "engram_client.core.protocol" in modules
     graph = {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
-    assert "engram_client.core.errors" in graph["engramd.config"]
+    assert "engram_client.core.errors" in graph["engramd.daemon.config"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -94,6 +94,6 @@ def test_the_wire_knows_nothing_of_requests_meaning():
     graph = {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
     wire = [name for name in graph if name.startswith("engramd.wire")]
     assert "engramd.wire.stream" in wire
-    above = {"engramd.daemon", "engramd.server", "engramd.ops", "engramd.leases", "engramd.lease_limits"}
+    above = {"engramd.daemon.state_machine", "engramd.daemon.server", "engramd.daemon.ops", "engramd.daemon.leases", "engramd.guards.lease_limits"}
     for name in wire:
         assert not {target for target in graph[name] if target.split(".ops.")[0] in above} , name

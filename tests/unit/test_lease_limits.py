@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engramd.lease_limits import PER_PEER, PER_PROCESS, PER_USER, Holder, LeaseLimitError
-from engramd.leases import LeaseRegistry
+from engramd.guards.lease_limits import PER_PEER, PER_PROCESS, PER_USER, Holder, LeaseLimitError
+from engramd.daemon.leases import LeaseRegistry
 
 
 def grant(registry: LeaseRegistry, holder: Holder):

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from engramd import safe_paths
-from engramd.safe_paths import release_lock, take_lock
+from engramd.guards import safe_paths
+from engramd.guards.safe_paths import release_lock, take_lock
 
 
 def _same(fd: int, path: str) -> bool:

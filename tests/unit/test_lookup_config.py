@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from engram_client.lookup_config import LookupConfig, default_gather_threads
+from engram_client.lookup.config import LookupConfig, default_gather_threads
 
 
 def test_defaults_are_valid_and_the_config_is_frozen():

@@ -23,10 +23,10 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 9):
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, torch
-    from engram_client.kernels import lookup as L
-    from engram_client.dequant import dequantize_rows
-    from engram_client.hot_rows import HotRowCache
-    from engram_client.lookup_config import LookupConfig
+    from engram_client.lookup.uva import lookup_kernel as lookup as L
+    from engram_client.lookup.dequant import dequantize_rows
+    from engram_client.lookup.uva.hot_rows import HotRowCache
+    from engram_client.lookup.config import LookupConfig
     L._check = lambda *args: None  # the launchers' device checks want CUDA; the interpreter runs on CPU
     rng = np.random.default_rng(0)
     rows, head_dim, row_bytes = 500, 256, 264

@@ -13,9 +13,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Modules whose every public function and method must be fully annotated (the client library's
 # error tree, connection and readiness wait, and the command line's own modules).
 ANNOTATED_MODULES = [
-    "engram_client.core.errors", "engram_client.connection", "engram_client.readiness", "engramd.cli",
-    "engramd.cli_errors", "engramd.reach", "engramd.status_cli", "engramd.status_text", "engramd.serve_cli", "engramd.sizes", "engramd.shm_check",
-    "engramd.synth_target", "engramd.lock_owner", "engramd.progress",
+    "engram_client.core.errors", "engram_client.attach.connection", "engram_client.attach.readiness", "engramd.cli.main",
+    "engramd.cli.error_map", "engramd.cli.reach", "engramd.cli.status", "engramd.reporting.status_text", "engramd.cli.serve", "engramd.reporting.sizes", "engramd.shm.fs_check",
+    "engramd.synth.target", "engramd.guards.lock_owner", "engramd.reporting.progress",
 ]
 
 

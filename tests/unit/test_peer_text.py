@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import logging
 
-from engramd import log_limit
-from engramd.log_limit import LogLimiter, clip
-from engramd.printable import printable, printable_lines
-from engramd.status_text import render_status
+from engramd.guards import log_limit
+from engramd.guards.log_limit import LogLimiter, clip
+from engramd.guards.printable import printable, printable_lines
+from engramd.reporting.status_text import render_status
 
 
 def test_controls_are_escaped_and_printable_text_is_kept():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engram_client import EngramTimeoutError, IdsOutOfRangeError
-from engram_client.out_of_range import OutOfRangeLedger
-from engram_client.prefetch import PrefetchHandle
+from engram_client.lookup.out_of_range import OutOfRangeLedger
+from engram_client.lookup.prefetch import PrefetchHandle
 
 ROWS = "layer 14's rows [0, 99)"
 

@@ -14,11 +14,11 @@ import pytest
 
 from engram_client.core import endpoints, protocol
 from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
-from engramd.config import ServeConfig
+from engramd.daemon.config import ServeConfig
 from engram_client.core.protocol import LOADING, READY, STOPPING
-from engramd.daemon import Daemon
-from engramd.ops import OPERATIONS
-from engramd.progress import render
+from engramd.daemon.state_machine import Daemon
+from engramd.daemon.ops import OPERATIONS
+from engramd.reporting.progress import render
 
 
 # -- framing -----------------------------------------------------------------------------

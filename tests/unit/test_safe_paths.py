@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engramd.safe_paths import UnsafePathError, check_directory, foreign_reason, open_owned, take_lock
+from engramd.guards.safe_paths import UnsafePathError, check_directory, foreign_reason, open_owned, take_lock
 
 
 def test_a_symbolic_link_is_never_followed(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import stat
 
-from engramd.served_record import read_record, record_path, resume_target, write_record
+from engramd.daemon.served_record import read_record, record_path, resume_target, write_record
 
 
 def test_a_record_round_trips_owner_only(tmp_path):

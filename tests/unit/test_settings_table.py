@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from engramd.config import ServeConfig
-from engramd.settings import SETTINGS, serve_config
+from engramd.daemon.config import ServeConfig
+from engramd.cli.settings import SETTINGS, serve_config
 
 
 def test_every_config_field_has_exactly_one_setting():

@@ -7,10 +7,10 @@ import time
 import pytest
 
 from engram_client.core.protocol import LOADING, READY
-from engramd.config import ServeConfig
-from engramd.daemon import Daemon
-from engramd.metrics import DaemonCollector
-from engramd.ops import OPERATIONS
+from engramd.daemon.config import ServeConfig
+from engramd.daemon.state_machine import Daemon
+from engramd.reporting.metrics import DaemonCollector
+from engramd.daemon.ops import OPERATIONS
 
 
 def clients_gauge(collector: DaemonCollector) -> float:

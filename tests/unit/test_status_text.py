@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engramd.config import ServeConfig
-from engramd.daemon import Daemon
-from engramd.status_text import SHOWN_FIELDS, print_status, render_status
+from engramd.daemon.config import ServeConfig
+from engramd.daemon.state_machine import Daemon
+from engramd.reporting.status_text import SHOWN_FIELDS, print_status, render_status
 
 
 @pytest.fixture

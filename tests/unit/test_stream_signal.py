@@ -20,8 +20,9 @@ import time
 import numpy as np
 import pytest
 
-from engram_client import NotAttachedError, _host_gather
-from engram_client.host_lookup import IDS_IN_PLACE, IDS_ON_HOST, open_pool
+from engram_client import NotAttachedError
+from engram_client.lookup.host import _host_gather
+from engram_client.lookup.host.host_lookup import IDS_IN_PLACE, IDS_ON_HOST, open_pool
 
 ROWS, ROW_BYTES, ARMED, IDLE = 5000, 264, 0, 0xFFFFFFFF
 WAIT_S = 30.0
@@ -252,8 +253,8 @@ def thread_names() -> list[str]:
 
 CHILD = textwrap.dedent("""
     import ctypes, os, sys, time, numpy as np
-    from engram_client import NotAttachedError, _host_gather
-    from engram_client.host_lookup import open_pool
+    from engram_client import NotAttachedError; from engram_client.lookup.host import _host_gather
+    from engram_client.lookup.host.host_lookup import open_pool
     table = np.arange(264 * 100, dtype=np.int64).astype(np.uint8).reshape(100, 264)
     pool = open_pool(3, signalled=True)
     slot = _host_gather.SignalTestSlot(pool, 100, 264, graph=True)

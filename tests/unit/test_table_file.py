@@ -21,11 +21,11 @@ from engram_client.core.errors import CheckpointError, ShmSpaceError, TableFileE
 from engram_client.core.layout import EngramConfig, LayerLayout, build_layout
 from engram_client.core.table_file import (ALIGN, FORMAT_VERSION, HEADER_BYTES, MAGIC, STATE_COMPLETE, STATE_WRITING,
                                       TableHeader, read_header)
-from engramd import loader
-from engramd.checkpoint import read_checkpoint
-from engramd.loader import CheckpointSource, Progress, fill_table
-from engramd.synth import synth_config, write_checkpoint
-from engramd.shm_dir import ShmDir, instance_id
+from engramd.loading import loader
+from engramd.loading.checkpoint import read_checkpoint
+from engramd.loading.loader import CheckpointSource, Progress, fill_table
+from engramd.synth.writer import synth_config, write_checkpoint
+from engramd.shm.table_files import ShmDir, instance_id
 
 MIB2 = 2 * 1024 * 1024
 FIXED = struct.Struct("<8sIIIIQ")  # the docstring's offsets 0, 8, 12, 16, 20, 24; JSON from 32

@@ -17,8 +17,8 @@ from engram_client.core.hashing_section import HashingSection, ngram_multipliers
 from engram_client.core.layout import EngramConfig, build_layout
 from engram_client.core.table_file import ALIGN, FORMAT_VERSION, HEADER_BYTES, MAGIC, STATE_COMPLETE, TableHeader, \
     read_header
-from engramd.synth import synth_config
-from engramd.shm_dir import TableWriter
+from engramd.synth.writer import synth_config
+from engramd.shm.table_files import TableWriter
 
 FIXED = struct.Struct("<8sIIIIQ")
 

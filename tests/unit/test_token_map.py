@@ -11,9 +11,9 @@ import pytest
 
 from engram_client.core.errors import CheckpointError
 from engram_client.core.layout import EngramConfig
-from engramd.synth import write_checkpoint
-from engramd.synth_tokenizer import write_tokenizer
-from engramd.token_map import compressed_map, demo_token_map, hashing_for_checkpoint
+from engramd.synth.writer import write_checkpoint
+from engramd.synth.tokenizer import write_tokenizer
+from engramd.loading.token_map import compressed_map, demo_token_map, hashing_for_checkpoint
 from ngram_reference import compressed_vocabulary
 
 tokenizers = pytest.importorskip("tokenizers")

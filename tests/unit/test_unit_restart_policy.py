@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from engramd.notify import EXIT_LOAD_FAILED
+from engramd.reporting.notify import EXIT_LOAD_FAILED
 
 UNIT = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "systemd", "engramd.service")
 

@@ -1,0 +1,97 @@
+"""Reaching the daemon from the command line: know at once when nobody is there.
+
+A ZeroMQ connect to an ipc:// path that nothing listens on succeeds and then waits,
+so "no daemon" would only show up as a timeout.  Before asking, the command line
+looks at the socket file itself:
+
+    no file at the path                       -> "socket file missing"            (at once)
+    a file that is not a socket               -> "... is not a socket"            (at once)
+    a socket nothing accepts on (ECONNREFUSED) -> "socket file is stale"          (at once)
+    a listening socket                        -> ask, and report the time really waited
+
+tcp:// endpoints cannot be looked at this way and are always asked.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import time
+from typing import Any
+
+from engram_client.attach.connection import DaemonConnection
+from engram_client.core.errors import DaemonUnavailableError
+from engram_client.core.endpoints import ipc_path
+
+PROBE_TIMEOUT_S = 1.0
+ANSWER_TIMEOUT_S = 10.0  # how long `status` and `stop` wait for an answer by default (README, probes)
+
+
+class DaemonAbsentError(DaemonUnavailableError):
+    """No daemon can be at the endpoint; known without waiting for an answer."""
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(f"no engramd at {endpoint}: {reason}")
+        self.endpoint = endpoint
+        self.reason = reason
+
+
+def absent_reason(endpoint: str) -> str | None:
+    """Why no daemon can be listening at ``endpoint``, or None if one may be."""
+    path = ipc_path(endpoint)
+    if path is None:
+        return None
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "socket file missing"
+    except OSError:
+        return None  # e.g. a directory we may not search: the connection explains that
+    if not stat.S_ISSOCK(info.st_mode):
+        return f"{path} is not a socket"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(PROBE_TIMEOUT_S)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return f"socket file {path} is stale: nothing listens on it (a daemon that died leaves one)"
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT,):
+            return "socket file missing"
+        return None  # permission denied, a full backlog...: let the request say what happens
+    finally:
+        probe.close()
+    return None
+
+
+def connect(endpoint: str | None, curve_keys_dir: str | None = None) -> DaemonConnection:
+    """A connection to a daemon that may be there; DaemonAbsentError at once if none can be."""
+    connection = DaemonConnection(endpoint, curve_keys_dir=curve_keys_dir)
+    reason = absent_reason(connection.endpoint)
+    if reason is not None:
+        connection.close()
+        raise DaemonAbsentError(connection.endpoint, reason)
+    return connection
+
+
+def ask(connection: DaemonConnection, op: str, args: dict[str, Any] | None = None,
+        timeout: float = 5.0) -> dict[str, Any]:
+    """One request; an unanswered one says how long it really waited, and for what."""
+    started = time.monotonic()
+    try:
+        return connection.request(op, args, timeout=timeout)
+    except DaemonUnavailableError as exc:
+        raise unanswered(connection.endpoint, op, time.monotonic() - started) from exc
+
+
+def unanswered(endpoint: str, op: str, waited_s: float) -> DaemonUnavailableError:
+    reason = absent_reason(endpoint)
+    if reason is not None:  # it went away while we waited
+        return DaemonAbsentError(endpoint, f"{reason} (after waiting {waited_s:.1f} s)")
+    if ipc_path(endpoint) is None:  # tcp://: silence is all a CURVE socket shows, whatever the cause
+        why = ("is a daemon serving --remote-status at that address, and are these keys among those "
+               "its --curve-keys-dir authorizes?")
+    else:
+        why = "its socket file is there, but nothing answered: is the daemon hung or overloaded?"
+    return DaemonUnavailableError(f"engramd at {endpoint} did not answer {op!r} within {waited_s:.1f} s ({why})")

@@ -1,0 +1,129 @@
+"""The load job: plan one generation's table, re-adopt a predecessor's or fill a new file, and report.
+
+    plan ──▶ adopt? ──yes──▶ on_ready(generation)
+               │no
+               ▼
+    reserve ──▶ fill ──▶ verify the files unchanged ──▶ publish ──▶ on_ready(generation)
+    any failure (not a cancellation) ──▶ on_failed(generation)
+
+Runs on the daemon's load thread, one job at a time.  It writes only its own
+generation (header, path, files, progress, and error and state on failure) and
+tells the daemon the outcome through the two callbacks; which generation is
+served, and announcing it, is the daemon's business.  No table is visible before
+it is complete: the writer publishes the file under its final name only at the end.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from engram_client.core.errors import EngramError, TableFileError
+from engram_client.core.protocol import FAILED
+from engram_client.core.table_file import TableHeader, read_header
+
+from ..guards.checkpoint_files import checkpoint_root
+from ..guards.checkpoint_guard import CheckpointGuard
+from .config import ServeConfig
+from .generation import Generation
+from ..loading.loader import CheckpointSource, DemoSource, fill_table
+from ..shm.numa import bind_this_thread
+from ..reporting.sizes import human_bytes
+from ..shm.table_files import ShmDir
+from ..loading.table_plan import plan_checkpoint, plan_demo
+
+log = logging.getLogger("engramd")
+
+
+class LoadJob:
+    def __init__(self, generation: Generation, config: ServeConfig, shm: ShmDir, metrics, cancel: threading.Event,
+                 on_ready: Callable[[Generation], None], on_failed: Callable[[Generation], None],
+                 may_adopt: bool = False):
+        self.generation = generation
+        self.config = config
+        self.shm = shm
+        self.metrics = metrics
+        self.cancel = cancel
+        self.on_ready = on_ready
+        self.on_failed = on_failed
+        self.may_adopt = may_adopt  # only a process's first load looks for a predecessor's table
+
+    def _plan(self):
+        generation = self.generation
+        if generation.checkpoint:
+            root = checkpoint_root(generation.checkpoint, self.config.reload_roots)
+            plan, header = plan_checkpoint(generation.checkpoint, root, generation.number)
+            return header, lambda: CheckpointSource(plan), list(plan.files)
+        seed = self.config.demo_seed
+        return plan_demo(self.config.demo_vocab_size, seed, generation.number), lambda: DemoSource(seed), []
+
+    def _adopt(self, wanted: TableHeader) -> bool:
+        """Take over our predecessor's complete table if it is exactly what we would load."""
+        generation = self.generation
+        adopted = None
+        for number, path in self.shm.own_tables():
+            try:
+                found, _ = read_header(path)
+            except TableFileError as exc:
+                log.warning("not re-adopting %s: %s", path, exc)
+                found = None
+            same = found is not None and found.fingerprint == wanted.fingerprint and \
+                [e.layout for e in found.layers] == [e.layout for e in wanted.layers] and found.hashing == wanted.hashing
+            if adopted is None and same:
+                adopted = (number, path, found)
+            else:
+                self.shm.unlink(path)
+                log.info("removed %s: a predecessor's table that is not the one to serve", path)
+        if adopted is None:
+            return False
+        number, path, found = adopted
+        generation.number, generation.path, generation.header, generation.adopted = number, path, found, True
+        generation.progress.total_bytes = generation.progress.done_bytes = sum(e.nbytes for e in found.layers)
+        self.metrics.readoptions.inc()
+        log.info("re-adopted %s (generation %d) without reloading", path, number)
+        return True
+
+    def run(self) -> None:
+        generation = self.generation
+        writer = source = None
+        try:
+            header, make_source, files = self._plan()
+            generation.files = files
+            guard = CheckpointGuard(files)  # before the first row is read
+            if self.may_adopt and self._adopt(header):
+                self.on_ready(generation)
+                return
+            generation.header = header
+            generation.progress.total_bytes = sum(entry.nbytes for entry in header.layers)
+            if self.config.numa_node is not None:
+                bind_this_thread(self.config.numa_node)  # fallocate below places every page on that node
+            source = make_source()
+            generation.progress.on_add = self.metrics.load_bytes.inc
+            writer = self.shm.create(header)
+            log.info("loading generation %d from %s into %s (%s)", generation.number, header.checkpoint,
+                     writer.partial_path, human_bytes(header.total_bytes))
+            started = time.monotonic()
+            fill_table(writer, source, generation.progress, self.config.load_threads, self.cancel,
+                       self.config.max_load_rate)
+            if self.cancel.is_set():
+                raise EngramError("load cancelled by stop")
+            guard.verify(source, header, writer.read)
+            generation.path = writer.publish()
+            writer = None
+            elapsed = time.monotonic() - started
+            log.info("generation %d ready: %s, %s in %.2f s (%.2f GB/s)", generation.number, generation.path,
+                     human_bytes(header.total_bytes), elapsed,
+                     generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9)
+            self.on_ready(generation)
+        except Exception as exc:  # any failure becomes that generation's 'failed', with its reason
+            generation.error = str(exc) if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"
+            generation.state = FAILED
+            if not self.cancel.is_set():
+                log.error("generation %d failed to load: %s", generation.number, generation.error)
+                self.on_failed(generation)
+        finally:
+            if writer is not None:
+                writer.abandon()
+            if source is not None:
+                source.close()

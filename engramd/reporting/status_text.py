@@ -1,0 +1,124 @@
+"""The daemon's status reply for people (``engramd status``, ``engramd demo``): every field, in words.
+
+The one renderer of human status.  The JSON (``status --json``) is the contract for scripts; this text must show the
+same facts.  ``SHOWN_FIELDS`` lists the top-level fields rendered here, and a test
+holds it equal to the fields the daemon sends, so a new field cannot stay hidden.  Every line goes
+through ``printable``: clients name their own host and device, and no control character of theirs
+may reach the operator's terminal.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from engram_client.core.protocol import FAILED, LOADING, READY
+
+from ..guards.printable import printable
+from .progress import render
+from .sizes import human_bytes
+
+SHOWN_FIELDS = frozenset({
+    "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
+    "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
+    "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing",
+})
+
+
+def _clock(epoch: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _load_line(load: dict[str, int]) -> str:
+    return render(load["done_bytes"], load["total_bytes"])
+
+
+def _generation_line(entry: dict[str, Any], served: int) -> str:
+    if entry.get("retiring"):
+        role = "retiring"
+    elif entry["generation"] == served:
+        role = "served" if entry["state"] == READY else entry["state"]
+    else:
+        role = f"reload, {entry['state']}"
+    role += ", re-adopted" if entry.get("adopted") else ""
+    clients = entry.get("clients", 0)
+    held = _plural(clients, "client") + (" still on it" if entry.get("retiring") and clients else "")
+    line = f"  generation {entry['generation']:<3} {role}, {held}, {entry.get('path') or 'no complete file yet'}"
+    if entry.get("retiring") and clients:
+        line += "  (kept until they refresh or the retire grace period ends)"
+    return line + (f"  ({entry['error']})" if entry.get("error") else "")
+
+
+def _client_line(client: dict[str, Any], served: int) -> str:
+    rank = "no rank" if client.get("rank") is None else f"rank {client['rank']}"
+    on = f"generation {client['generation']}" + ("" if client.get("generation") == served else " (old)")
+    age = client.get("last_heartbeat_age_s")
+    heartbeat = "no heartbeat yet" if age is None else f"heartbeat {age:.1f} s ago"
+    return (f"  {client['id']:<14} pid {client['pid']:<8} on {client.get('host', '?')}  {client['device']:<8} "
+            f"{rank:<8} {on}  attached {_clock(client.get('attached_at'))}, {heartbeat}")
+
+
+def _files_line(status: dict[str, Any]) -> str:
+    files = status.get("files") or []
+    if files:
+        return ", ".join(files)
+    if status["checkpoint"] == "<demo>":
+        return "none (the embedded demo table)"
+    if status["state"] == LOADING:
+        return "none read yet"
+    return "none read" + (" (the load failed before it read any)" if status["state"] == FAILED else "")
+
+
+def render_status(status: dict[str, Any]) -> list[str]:
+    """The status object as lines of text, every field included."""
+    served = status["generation"]
+    lines = [f"state       {status['state']}" + (f"  ({status['error']})" if status.get("error") else "")]
+    origin = "re-adopted from the previous daemon's file" if status.get("adopted") else "loaded by this daemon"
+    lines.append(f"generation  {served} ({origin})")
+    lines.append(f"daemon      pid {status.get('pid')}, engramd {status.get('version', '?')}, boot {status['boot_id']}, "
+                 f"started {_clock(status.get('started_at'))}")
+    lines.append(f"checkpoint  {status['checkpoint']}" +
+                 (f"  (fingerprint {status['fingerprint']})" if status.get("fingerprint") else ""))
+    lines.append("files       " + _files_line(status))
+    lines.append(f"table       {human_bytes(status['table_bytes'])}  "
+                 f"{status.get('table_path') or 'no complete file yet'}  (shm dir {status.get('shm_dir')})")
+    for layer in status["layers"]:
+        lines.append(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
+                     f"{len(layer['head_sizes'])} heads")
+    hashing = status.get("hashing")
+    if hashing:  # only a table with a token map has one
+        lines.append(f"hashing     {hashing['vocab']} token ids -> {hashing['compressed_vocab']} compressed, "
+                     f"n-grams up to {hashing['max_ngram']}, pad token {hashing['pad_token_id']}")
+    if status["state"] == LOADING:
+        lines.append("load        " + _load_line(status["load"]))
+    reload = status.get("reload")
+    if reload:
+        line = f"reload      generation {reload['generation']} from {reload['checkpoint']}: {reload['state']}"
+        if reload["state"] == LOADING:
+            line += "  " + _load_line(reload["load"])
+        lines.append(line + (f"  ({reload['error']})" if reload.get("error") else ""))
+    else:
+        lines.append("reload      none in progress")
+    generations = status.get("generations") or []
+    lines.append(f"generations {len(generations)} with a file or a load")
+    lines.extend(_generation_line(entry, served) for entry in generations)
+    numa = status.get("numa_node")
+    lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")
+    clients = status["clients"]
+    total = status.get("clients_total", len(clients))  # a 1.1 daemon lists every client
+    shown = "" if total == len(clients) else f"; the oldest {len(clients)} listed"
+    lines.append(f"clients     {total} (a client silent for {status.get('lease_seconds')} s is dropped{shown})")
+    lines.extend(_client_line(client, served) for client in clients)
+    lines.append(f"events      {status.get('events_endpoint')}")
+    return [printable(line) for line in lines]
+
+
+def print_status(status: dict[str, Any]) -> None:
+    """Echo the status reply as ``render_status`` words it."""
+    for line in render_status(status):
+        click.echo(line)
