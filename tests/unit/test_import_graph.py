@@ -1,12 +1,17 @@
-"""No import loops among the project's modules, counting lazy imports inside functions too.
+"""No import loops among the project's modules, and each folder keeps the rules it states, counting
+lazy imports inside functions too.
 
 A lazy import only hides a loop (cli <-> demo_job, config <-> numa once did): the two modules still
-cannot be understood, or moved, apart.
+cannot be understood, or moved, apart.  A folder states its rules in its __init__.py docstring, the
+one place they are written: a paragraph "Must not import: ``a.b``, ``c``" (no module inside the folder
+imports a or c, or anything inside them) and "Imported only by: ``d``" (no module outside the folder
+and outside d imports it).
 """
 from __future__ import annotations
 
 import ast
 import os
+import re
 
 import engram_client
 import engramd
@@ -97,3 +102,84 @@ def test_the_wire_knows_nothing_of_requests_meaning():
     above = {"engramd.daemon.state_machine", "engramd.daemon.server", "engramd.daemon.ops", "engramd.daemon.leases", "engramd.guards.lease_limits"}
     for name in wire:
         assert not {target for target in graph[name] if target.split(".ops.")[0] in above} , name
+
+
+RULE = re.compile(r"^(Must not import|Imported only by):(.*?)(?=^\s*$|^Must not import:|^Imported only by:|\Z)",
+                  re.M | re.S)
+RULE_NAME = re.compile(r"``((?:engramd|engram_client)(?:\.\w+)*)``")
+MAX_MODULES_PER_FOLDER, MAX_LINES_PER_MODULE = 15, 300
+
+
+def within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def folder_rules(modules: dict[str, str]) -> dict[str, dict[str, list[str]]]:
+    """Each folder's rules, read from its __init__.py docstring (the two packages are rooms, not folders)."""
+    rules = {}
+    for name, path in modules.items():
+        if path.endswith("__init__.py") and name not in ROOTS:
+            with open(path) as f:
+                doc = ast.get_docstring(ast.parse(f.read(), path)) or ""
+            rule = {"Must not import": [], "Imported only by": []}
+            for match in RULE.finditer(doc):
+                rule[match.group(1)] += RULE_NAME.findall(match.group(2))
+            rules[name] = rule
+    return rules
+
+
+def rule_violations(graph: dict[str, set[str]], rules: dict[str, dict[str, list[str]]]) -> list[str]:
+    found = []
+    for folder, rule in sorted(rules.items()):
+        for module, targets in sorted(graph.items()):
+            for target in sorted(targets):
+                if within(module, folder):
+                    found += [f"{module} imports {target}: {folder} must not import {forbidden}"
+                              for forbidden in rule["Must not import"] if within(target, forbidden)]
+                elif within(target, folder) and rule["Imported only by"] and \
+                        not any(within(module, allowed) for allowed in rule["Imported only by"]):
+                    found.append(f"{module} imports {target}: {folder} is imported only by "
+                                 f"{', '.join(rule['Imported only by'])}")
+    return found
+
+
+def test_rule_violations_are_found():
+    graph = {"p.a.x": {"p.b.y"}, "p.b.y": set(), "p.c": {"p.a.x"}, "p.d": {"p.a"}}
+    rules = {"p.a": {"Must not import": ["p.b"], "Imported only by": ["p.c"]}}
+    assert rule_violations(graph, rules) == ["p.a.x imports p.b.y: p.a must not import p.b",
+                                             "p.d imports p.a: p.a is imported only by p.c"]
+    assert rule_violations(graph, {"p.a": {"Must not import": ["p.bb"], "Imported only by": []}}) == []
+
+
+def test_every_folder_states_its_rules_in_real_names():
+    modules = project_modules()
+    rules = folder_rules(modules)
+    assert {"engramd.daemon", "engramd.guards", "engram_client.lookup.host", "engram_client.lookup.uva"} <= set(rules)
+    assert rules["engram_client.lookup.host"]["Must not import"], "the host path states what it must not import"
+    known = set(modules) | {f"{root}.__main__" for root in ROOTS}
+    for folder, rule in sorted(rules.items()):
+        named = rule["Must not import"] + rule["Imported only by"]
+        assert named, f"{folder}/__init__.py states no 'Must not import:' or 'Imported only by:' rule"
+        assert not [n for n in named if n not in known], f"{folder}: a rule names no module: {named}"
+
+
+def test_every_folder_keeps_its_rules():
+    modules = project_modules()
+    graph = {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+    assert rule_violations(graph, folder_rules(modules)) == []
+
+
+def test_folders_and_modules_stay_small():
+    modules = project_modules()
+    per_folder: dict[str, int] = {}
+    too_long = []
+    for name, path in sorted(modules.items()):
+        if not path.endswith("__init__.py"):
+            per_folder[name.rpartition(".")[0]] = per_folder.get(name.rpartition(".")[0], 0) + 1
+        with open(path) as f:
+            lines = sum(1 for _ in f)
+        if lines > MAX_LINES_PER_MODULE:
+            too_long.append(f"{name}: {lines} lines")
+    assert too_long == [], f"modules over {MAX_LINES_PER_MODULE} lines"
+    crowded = sorted(f"{folder}: {n} modules" for folder, n in per_folder.items() if n > MAX_MODULES_PER_FOLDER)
+    assert crowded == [], f"folders over {MAX_MODULES_PER_FOLDER} modules"
