@@ -1,4 +1,4 @@
-/* Gather jobs and the worker pool that runs them (included by _host_gather.c).
+/* Gather jobs and the worker pool that runs them (included by _host_gather.c; Job is _gather_job.h's).
  *
  * A job copies rows ids[i] of the mapped table into staging row i, in blocks of block_rows taken
  * from an atomic counter by the pool's workers and by the thread that waits for the job.  Blocks
@@ -8,25 +8,9 @@
  * reports its chunks to it through a word in pinned memory (_stream_signal.h): workers also poll
  * those words, and one of them watches them instead of sleeping while any are registered.
  */
-typedef struct Pool Pool;
 typedef struct Signal Signal;
 typedef struct SignalSet SignalSet;
-typedef struct Job {
-    const uint8_t *table;          /* rows [row_lo, row_hi), row_bytes each; NULL: disarmed, zero-fill */
-    int64_t row_lo, row_hi, row_bytes;
-    const void *ids;
-    int ids64;
-    int64_t n, block_rows, nblocks, chunk_blocks, nchunks;
-    uint8_t *staging;
-    int64_t *bad_total;            /* caller-owned counter, added to atomically; may be NULL */
-    atomic_llong next_block, bad;
-    atomic_llong chunk_done[MAX_CHUNKS];
-    atomic_int users;              /* workers currently taking blocks of this job */
-    Signal *signal;                /* started by a stream and reporting to it (_stream_signal.h), or NULL */
-    int listed;
-    struct Job *next;
-    Pool *pool;
-} Job;
+#include "_gather_job.h"
 
 struct Pool {
     pthread_mutex_t lock;
@@ -70,10 +54,6 @@ static void pool_unref(Pool *pool) {
         free(pool->threads);
         free(pool);
     }
-}
-
-static inline int64_t id_at(const Job *job, int64_t i) {
-    return job->ids64 ? ((const int64_t *)job->ids)[i] : (int64_t)((const int32_t *)job->ids)[i];
 }
 
 #include "_gather_tuning.h"

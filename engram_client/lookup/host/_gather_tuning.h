@@ -1,9 +1,11 @@
-/* How the gather fetches and writes rows (included by _gather_pool.h, after the Job it reads).
+/* How the gather fetches and writes rows (included by _gather_pool.h; the Job it reads is _gather_job.h's).
  *
  * Rows are random, so every row costs a TLB miss and a few cache misses: software prefetch keeps
  * rows in flight, and its settings, with the kind of store that writes staging, are what
  * benchmarks/host_overlap.py sweeps (docs/BENCHMARKS.md, "The host-gather path").
  */
+#include "_gather_job.h"
+
 /* Set by set_tuning(), read once per block.  Software prefetch: whole rows `near` rows ahead of the copy; with `far` > near,
  * also the first line of the row `far` ahead, which starts its page walk early (on 4 KiB pages
  * every random row misses the TLB); `hint` is the locality (0: non-temporal .. 3: every cache

@@ -1,0 +1,31 @@
+/* The gather job: the one definition of Job, which the pool (_gather_pool.h) runs and the
+ * row fetch (_gather_tuning.h) reads; both include this header, neither includes the other for it.
+ * Like the other parts of _host_gather.c, it uses what that file includes and defines first
+ * (<stdatomic.h>, <stdint.h>, MAX_CHUNKS).
+ */
+#ifndef ENGRAM_GATHER_JOB_H
+#define ENGRAM_GATHER_JOB_H
+
+typedef struct Pool Pool;
+typedef struct Job {
+    const uint8_t *table;          /* rows [row_lo, row_hi), row_bytes each; NULL: disarmed, zero-fill */
+    int64_t row_lo, row_hi, row_bytes;
+    const void *ids;
+    int ids64;
+    int64_t n, block_rows, nblocks, chunk_blocks, nchunks;
+    uint8_t *staging;
+    int64_t *bad_total;            /* caller-owned counter, added to atomically; may be NULL */
+    atomic_llong next_block, bad;
+    atomic_llong chunk_done[MAX_CHUNKS];
+    atomic_int users;              /* workers currently taking blocks of this job */
+    Signal *signal;                /* started by a stream and reporting to it (_stream_signal.h), or NULL */
+    int listed;
+    struct Job *next;
+    Pool *pool;
+} Job;
+
+static inline int64_t id_at(const Job *job, int64_t i) {
+    return job->ids64 ? ((const int64_t *)job->ids)[i] : (int64_t)((const int32_t *)job->ids)[i];
+}
+
+#endif
