@@ -253,7 +253,8 @@ def thread_names() -> list[str]:
 
 CHILD = textwrap.dedent("""
     import ctypes, os, sys, time, numpy as np
-    from engram_client import NotAttachedError; from engram_client.lookup.host import _host_gather
+    from engram_client import NotAttachedError
+    from engram_client.lookup.host import _host_gather
     from engram_client.lookup.host.host_lookup import open_pool
     table = np.arange(264 * 100, dtype=np.int64).astype(np.uint8).reshape(100, 264)
     pool = open_pool(3, signalled=True)
