@@ -8,6 +8,7 @@ setup(ext_modules=[
         "engram_client._host_gather",
         sources=["engram_client/_host_gather.c"],
         depends=["engram_client/_gather_cuda.h", "engram_client/_gather_pool.h", "engram_client/_gather_tuning.h",
+                 "engram_client/_node_budget.h",
                  "engram_client/_host_gather_staged.h"],
         extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-Wall", "-Wno-missing-braces"],
         extra_link_args=["-pthread"],

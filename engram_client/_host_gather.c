@@ -50,6 +50,7 @@ static PyObject *err_class(void) { return error_class ? error_class : PyExc_Runt
 
 #include "_gather_cuda.h"
 #include "_gather_pool.h"
+#include "_node_budget.h"
 
 /* ---- GatherPool ----------------------------------------------------------------------------------------- */
 typedef struct {
@@ -81,12 +82,35 @@ static void pool_stop(Pool *pool) {
 }
 
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"threads", NULL};
+    static char *names[] = {"threads", "budget", "cpus", NULL};
     int threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i", names, &threads)) return -1;
+    PyObject *budget = Py_None, *cpus = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|OO", names, &threads, &budget, &cpus)) return -1;
     if (threads < 1 || threads > 1024) {
         PyErr_Format(PyExc_ValueError, "gather_threads must be between 1 and 1024, got %d", threads);
         return -1;
+    }
+    if (budget != Py_None && (!PyObject_TypeCheck(budget, &NodeBudgetType) || !((NodeBudgetObject *)budget)->b)) {
+        PyErr_SetString(PyExc_TypeError, "budget must be an open NodeBudget or None");
+        return -1;
+    }
+    cpu_set_t pin;  /* the workers' CPUs (the budget's, near the GPU): a hint, so a refusal is not an error */
+    CPU_ZERO(&pin);
+    int pinned = 0;
+    if (cpus != Py_None) {
+        PyObject *seq = PySequence_Fast(cpus, "cpus must be a sequence of CPU numbers");
+        if (!seq) return -1;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+            long cpu = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (cpu < 0 || cpu >= CPU_SETSIZE) {
+                Py_DECREF(seq);
+                if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "CPU %ld is out of range", cpu);
+                return -1;
+            }
+            CPU_SET((int)cpu, &pin);
+            pinned = 1;
+        }
+        Py_DECREF(seq);
     }
     if (self->pool) return 0;
     Pool *pool = calloc(1, sizeof(Pool));
@@ -100,6 +124,10 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();
     atomic_store(&pool->refs, 1);
+    if (budget != Py_None) {
+        pool->budget = ((NodeBudgetObject *)budget)->b;
+        atomic_fetch_add(&pool->budget->refs, 1);
+    }
     /* The caller gathers too, so threads - 1 workers give `threads` gatherers. */
     for (int i = 0; i < threads - 1; i++) {
         if (pthread_create(&pool->threads[i], NULL, worker_main, pool) != 0) {
@@ -111,6 +139,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
             return -1;
         }
         pthread_setname_np(pool->threads[i], "engram-gather");  /* how tests and operators count them */
+        if (pinned) pthread_setaffinity_np(pool->threads[i], sizeof pin, &pin);
         pool->nthreads = i + 1;
     }
     pool->started = 1;
@@ -175,6 +204,26 @@ static PyObject *pool_get_closed(PoolObject *self, void *unused) {
     return PyBool_FromLong(!self->pool || !pool_usable(self->pool));
 }
 
+/* A new daemon's budget: tokens are taken from it from now on; the old one is kept (tokens held
+ * on it go back to it) until the pool goes. */
+static PyObject *pool_set_budget(PoolObject *self, PyObject *arg) {
+    if (!self->pool || check_pool(self->pool)) return NULL;
+    Pool *pool = self->pool;
+    if (!PyObject_TypeCheck(arg, &NodeBudgetType) || !((NodeBudgetObject *)arg)->b) {
+        PyErr_SetString(PyExc_TypeError, "set_budget needs an open NodeBudget");
+        return NULL;
+    }
+    if (!pool->budget || pool->nretired == 16) Py_RETURN_FALSE;  /* a pool alone stays alone; rebinds are rare */
+    NodeBudget *b = ((NodeBudgetObject *)arg)->b;
+    atomic_fetch_add(&b->refs, 1);
+    pool->retired[pool->nretired++] = atomic_exchange(&pool->budget, b);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *pool_get_budgeted(PoolObject *self, void *unused) {
+    return PyBool_FromLong(self->pool && self->pool->budget);
+}
+
 static PyObject *pool_get_jobs_run(PoolObject *self, void *unused) {
     return PyLong_FromLongLong(self->pool ? atomic_load(&self->pool->jobs_run) : 0);
 }
@@ -184,12 +233,15 @@ static PyMethodDef pool_methods[] = {
      "gather(table, row_lo, row_hi, row_bytes, ids, ids64, n, out, counter) -> ids out of range.\n"
      "Addresses are ints; counter is the address of an int64 to add the bad count to, or 0."},
     {"close", (PyCFunction)pool_close, METH_NOARGS, "Stop and join the workers (idempotent)."},
+    {"set_budget", (PyCFunction)pool_set_budget, METH_O,
+     "set_budget(budget) -> whether the pool now draws on it (a pool started on a budget only)."},
     {NULL}};
 
 static PyGetSetDef pool_getset[] = {
     {"threads", (getter)pool_get_threads, NULL, "threads that gather, the caller's included", NULL},
     {"closed", (getter)pool_get_closed, NULL, "whether the workers are gone (closed, or a forked child)", NULL},
     {"jobs_run", (getter)pool_get_jobs_run, NULL, "jobs finished so far", NULL},
+    {"budgeted", (getter)pool_get_budgeted, NULL, "whether it gathers on the node's budget", NULL},
     {NULL}};
 
 static PyTypeObject PoolType = {
@@ -275,7 +327,8 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_host_gather",
                                         module_methods};
 
 PyMODINIT_FUNC PyInit__host_gather(void) {
-    if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&StagedJobType) < 0) return NULL;
+    if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&StagedJobType) < 0 || PyType_Ready(&NodeBudgetType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (!module) return NULL;
     static int atfork_done;
@@ -285,6 +338,12 @@ PyMODINIT_FUNC PyInit__host_gather(void) {
     }
     if (PyModule_AddObjectRef(module, "GatherPool", (PyObject *)&PoolType) < 0 ||
         PyModule_AddObjectRef(module, "StagedJob", (PyObject *)&StagedJobType) < 0 ||
+        PyModule_AddObjectRef(module, "NodeBudget", (PyObject *)&NodeBudgetType) < 0 ||
+        PyModule_AddIntConstant(module, "BUDGET_VERSION", NB_VERSION) < 0 ||
+        PyModule_AddIntConstant(module, "BUDGET_FILE_BYTES", NB_FILE_BYTES) < 0 ||
+        PyModule_AddIntConstant(module, "BUDGET_MAX_SLOTS", NB_MAX_SLOTS) < 0 ||
+        PyModule_AddIntConstant(module, "BUDGET_MAX_GROUPS", NB_MAX_GROUPS) < 0 ||
+        PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ||
         PyModule_AddIntConstant(module, "MAX_CHUNKS", MAX_CHUNKS) < 0) {
         Py_DECREF(module);
         return NULL;

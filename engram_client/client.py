@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -61,6 +62,8 @@ class EngramClient:
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
         self._state = ClientState(DaemonConnection(endpoint))
+        self._state.device = self.device
+        self._requested_threads = gather_threads  # None: the node's gather budget (or this rank alone) decides
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
@@ -93,9 +96,13 @@ class EngramClient:
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
-            from .host_lookup import open_pool
+            from .gather_seat import take_seat
 
-            state.pool = open_pool(self.lookup_config.gather_threads)
+            state.seat = take_seat(reply.get("budget"), self.device, self._requested_threads,
+                                   self.lookup_config.gather_threads, timeout=min(timeout, 5.0))
+            state.pool = state.seat.open_pool()
+            if state.seat.threads != self.lookup_config.gather_threads:
+                self.lookup_config = replace(self.lookup_config, gather_threads=state.seat.threads)
         for layer, lv in state.mapped.layers.items():
             state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
         state.hasher = hasher_for(state.mapped)
@@ -215,6 +222,11 @@ class EngramClient:
         """Hash ``token_ids`` (packed sequences starting at ``seq_starts``) and start every layer's
         lookup; returns {layer: handle}, each handle's output [tokens, heads, head_dim]."""
         return prefetch_tokens(self._state.hasher, self._state.tables, token_ids, seq_starts, history)
+
+    @property
+    def gather_budget(self) -> str | None:
+        """How this client's gather pool sits on the node's budget, in words (None: no host gathers)."""
+        return self._state.seat.explanation if self._state.seat is not None else None
 
     @property
     def client_id(self) -> str | None:

@@ -70,6 +70,7 @@ class Daemon:
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
         self._snapshot: dict[str, Any] = {}
+        self.budget = None  # the node's gather budget (engramd/gather_budget.py), set by the server
         self.status()
 
     # -- derived views ---------------------------------------------------------------
@@ -225,6 +226,7 @@ class Daemon:
             self._snapshot = build_status(self.state, self.current, self.pending, list(self.retiring.values()),
                                           self.leases, self.config, self.boot_id, self.started_at, __version__,
                                           self.shm.directory, clients_limit)
+            self._snapshot["gather_budget"] = self.budget.status() if self.budget is not None else None
             return self._snapshot
 
     def snapshot(self) -> dict[str, Any]:
@@ -242,12 +244,15 @@ class Daemon:
                  current.number, pid, host, device, rank)
         return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds,
                 "boot_id": self.boot_id,
-                "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint}
+                "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint,
+                "budget": self.budget.describe() if self.budget is not None else None}
 
-    def heartbeat(self, client_id: str, secret: str = "") -> dict[str, Any]:
+    def heartbeat(self, client_id: str, secret: str = "", budget: dict | None = None) -> dict[str, Any]:
         lease = self.leases.renew(client_id, secret)
         if lease is None:
             raise UnknownClientError(f"no lease {client_id!r}: it expired or was granted by an earlier daemon; attach again")
+        if budget is not None:
+            lease.budget = budget
         return {"boot_id": self.boot_id, "generation": self.generation, "lease_generation": lease.generation,
                 "lease_seconds": self.config.lease_seconds}
 

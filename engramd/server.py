@@ -27,6 +27,7 @@ from .config import ServeConfig
 from .daemon import Daemon
 from .ops import OPERATIONS
 from .fd_limits import PeerCap, peer_budget, raise_nofile_limit
+from .gather_budget import GatherBudget, plan_groups
 from .lock_owner import holder, write_pid
 from .memory_trim import HeapTrimmer
 from .progress import progress_for
@@ -77,13 +78,14 @@ class Server:
         self.lock = EndpointLock(config.endpoint)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.context = zmq.Context()
-        self.router = self.pub = self.remote = self.peer_cap = None
+        self.router = self.pub = self.remote = self.peer_cap = self.budget = None
         try:
             soft_limit, _ = raise_nofile_limit()
             self.metrics = Metrics() if config.metrics_port is not None else NoMetrics()
             self.daemon = Daemon(config, on_state_change=self.events.put, metrics=self.metrics)
             self.router = self._bind(zmq.ROUTER, config.endpoint)
             self.pub = self._bind(zmq.PUB, config.events_endpoint)
+            self.budget = self._gather_budget()  # node budget hook (engramd/gather_budget.py)
             self.peer_cap = PeerCap(peer_budget(soft_limit))
             self.peer_cap.watch(self.router)
             self.peer_cap.watch(self.pub)
@@ -108,6 +110,18 @@ class Server:
         self.progress = progress_for(sys.stderr, config.progress_bar)
         self.notifier = SystemdNotifier()
         self.heap = HeapTrimmer()
+
+    def _gather_budget(self) -> GatherBudget | None:
+        """The node's gather budget, served beside the request socket (ipc endpoints only)."""
+        groups = plan_groups(self.config.gather_cpus)
+        path = endpoints.ipc_path(self.config.endpoint)
+        if not groups or path is None:
+            log.info("no gather budget (%s): each rank sizes its own pool",
+                     "--gather-cpus off" if not groups else "not an ipc endpoint")
+            return None
+        budget = GatherBudget(groups, path + ".budget", self.config.gid, self.daemon.boot_id)
+        self.daemon.budget = budget
+        return budget
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -242,6 +256,9 @@ class Server:
             log.info("engramd stopped")
 
     def _close_sockets(self) -> None:
+        if self.budget is not None:
+            self.budget.close()
+            self.budget = None
         if self.peer_cap is not None:
             self.peer_cap.close()  # before the sockets it monitors, or the context never terminates
             self.peer_cap = None
