@@ -107,6 +107,7 @@ typedef struct NodeBudget {
     _Atomic int64_t foreign_until[NB_MAX_TOKENS];
     _Atomic int64_t last_sweep, overdraft_until;
     _Atomic int overdraft_now;
+    _Atomic int held_here, want_here, small_here;  /* this process's own counts: what its slot should say */
     atomic_uint cursor;
     atomic_uint done_seq;                  /* waiters sleep on it (process-private futex) */
     atomic_int done_sleepers;
@@ -199,7 +200,7 @@ static int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
     uint64_t smalls = atomic_load(&g->small_mask) & others;
     if (!small && free <= __builtin_popcountll(smalls)) return 0;
     uint64_t rivals = small ? smalls : others;
-    int fair = nb_fair(b), held = atomic_load(&b->s->held), older = 0, below = 0;
+    int fair = nb_fair(b), held = atomic_load(&b->held_here), older = 0, below = 0;
     uint64_t last = atomic_load(&b->s->last_grant);
     for (uint64_t m = rivals; m; m &= m - 1) {
         NbSlot *x = nb_slot(b, __builtin_ctzll(m));
@@ -273,13 +274,38 @@ static void nb_sweep(NodeBudget *b) {
         nb_gunlock(b, key);
         atomic_fetch_add(&g->sweeps, 1);
     }
+    /* Our own slot says what this process knows (a peer may have written over it), and an owner
+     * hint the kernel contradicts (the token's lock is free) goes: the lock is the truth. */
+    uint64_t key = nb_glock(b);
+    int held = atomic_load(&b->held_here), want = atomic_load(&b->want_here), small = atomic_load(&b->small_here);
+    atomic_store(&b->s->held, held), atomic_store(&b->s->want, want), atomic_store(&b->s->want_small, small);
+    held ? atomic_fetch_or(&g->holding_mask, b->bit) : atomic_fetch_and(&g->holding_mask, ~b->bit);
+    want ? atomic_fetch_or(&g->want_mask, b->bit) : atomic_fetch_and(&g->want_mask, ~b->bit);
+    small ? atomic_fetch_or(&g->small_mask, b->bit) : atomic_fetch_and(&g->small_mask, ~b->bit);
+    if (b->slots < 64) {
+        uint64_t beyond = ~((1ULL << b->slots) - 1);
+        atomic_fetch_and(&g->want_mask, ~beyond), atomic_fetch_and(&g->small_mask, ~beyond);
+        atomic_fetch_and(&g->holding_mask, ~beyond);
+    }
+    nb_gunlock(b, key);
+    for (int t = 0; t < b->tokens; t++) {
+        uint32_t owner = atomic_load(&g->owner[t]);
+        if (!owner || (atomic_load(&b->mine[t / 64]) >> (t % 64) & 1)) continue;
+        if (nb_ofd(b->fd, F_OFD_GETLK, F_WRLCK, NB_TOKEN_LOCK(b->group, t)) == F_UNLCK)
+            atomic_compare_exchange_strong(&g->owner[t], &owner, 0);
+    }
 }
 
 /* ---- taking and giving back ---------------------------------------------------------------------- */
 static void nb_register(NodeBudget *b, int small, int delta) {
-    if (atomic_fetch_add(&b->s->want, delta) == (delta > 0 ? 0 : 1))
+    int want = atomic_fetch_add(&b->want_here, delta) + delta;
+    atomic_store(&b->s->want, want);
+    if (want == (delta > 0 ? 1 : 0))
         delta > 0 ? atomic_fetch_or(&b->g->want_mask, b->bit) : atomic_fetch_and(&b->g->want_mask, ~b->bit);
-    if (small && atomic_fetch_add(&b->s->want_small, delta) == (delta > 0 ? 0 : 1))
+    if (!small) return;
+    want = atomic_fetch_add(&b->small_here, delta) + delta;
+    atomic_store(&b->s->want_small, want);
+    if (want == (delta > 0 ? 1 : 0))
         delta > 0 ? atomic_fetch_or(&b->g->small_mask, b->bit) : atomic_fetch_and(&b->g->small_mask, ~b->bit);
 }
 
@@ -305,7 +331,8 @@ static int nb_try(NodeBudget *b, int small, int uncontended_only) {
     uint64_t seq = 0;
     if (t >= 0) {
         atomic_store(&b->g->owner[t], (uint32_t)b->slot + 1);
-        if (atomic_fetch_add(&b->s->held, 1) == 0) atomic_fetch_or(&b->g->holding_mask, b->bit);
+        atomic_store(&b->s->held, atomic_fetch_add(&b->held_here, 1) + 1);
+        atomic_fetch_or(&b->g->holding_mask, b->bit);
         seq = atomic_fetch_add(&b->g->grants, 1) + 1;
         atomic_store(&b->s->last_grant, seq);
         nb_log(b, seq, t, small, 0);
@@ -322,7 +349,9 @@ static int nb_try(NodeBudget *b, int small, int uncontended_only) {
     key = nb_glock(b);
     uint32_t expected = (uint32_t)b->slot + 1;
     atomic_compare_exchange_strong(&b->g->owner[t], &expected, 0);
-    if (atomic_fetch_sub(&b->s->held, 1) == 1) atomic_fetch_and(&b->g->holding_mask, ~b->bit);
+    int held = atomic_fetch_sub(&b->held_here, 1) - 1;
+    atomic_store(&b->s->held, held);
+    if (!held) atomic_fetch_and(&b->g->holding_mask, ~b->bit);
     if (b->g->log[seq % NB_LOG].seq == seq) b->g->log[seq % NB_LOG].how = 2;
     nb_gunlock(b, key);
     atomic_fetch_and(&b->mine[t / 64], ~(1UL << (t % 64)));
@@ -340,7 +369,9 @@ static void nb_release(NodeBudget *b, int t, int yielded) {
     uint64_t key = nb_glock(b);
     uint32_t expected = (uint32_t)b->slot + 1;
     atomic_compare_exchange_strong(&b->g->owner[t], &expected, 0);
-    if (atomic_fetch_sub(&b->s->held, 1) == 1) atomic_fetch_and(&b->g->holding_mask, ~b->bit);
+    int held = atomic_fetch_sub(&b->held_here, 1) - 1;
+    atomic_store(&b->s->held, held);
+    if (!held) atomic_fetch_and(&b->g->holding_mask, ~b->bit);
     int next = nb_next_waiter(b);
     nb_gunlock(b, key);
     if (yielded) atomic_fetch_add(&b->s->yields, 1);
@@ -368,7 +399,7 @@ static int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg
         }
         int64_t now = now_ns();
         int64_t until = atomic_load(&b->overdraft_until);
-        if (until > now || (now - start > NB_STARVE_NS && atomic_load(&b->s->held) == 0)) {
+        if (until > now || (now - start > NB_STARVE_NS && atomic_load(&b->held_here) == 0)) {
             if (until <= now) atomic_store(&b->overdraft_until, now + NB_OVERDRAFT_NS);
             if (atomic_fetch_add(&b->overdraft_now, 1) < nb_fair(b)) {
                 atomic_fetch_add(&b->s->overdraft, 1);
@@ -407,7 +438,7 @@ static int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
     if (small) others &= atomic_load(&g->small_mask);  /* a decode-size job gives way to its peers only */
     if (!others) return 0;  /* work-conserving: nobody else waits */
     if (!small && (atomic_load(&g->small_mask) & others)) return 1;  /* a decode-size job waits */
-    int held = atomic_load(&b->s->held), fair = nb_fair(b);
+    int held = atomic_load(&b->held_here), fair = nb_fair(b);
     if (held > fair) return 1;
     if (blocks < NB_QUANTUM_BLOCKS) return 0;
     for (uint64_t m = others; m; m &= m - 1)
@@ -516,7 +547,8 @@ static void *budget_worker_main(Pool *pool) {
 
 /* The waiter's part on a budget (the hook in job_wait_chunk): it gathers only on a token it can
  * get at once (the pool's workers wait for theirs), and otherwise sleeps until a block completes
- * its chunk.  A pool with no workers left (one thread, or closed) waits for a token itself. */
+ * its chunk.  Where no worker will help (one thread, a closed pool, a one-block job that is never
+ * listed) it waits for a token itself. */
 static void budget_wait_chunk(Job *job, int64_t chunk) {
     Pool *pool = job->pool;
     NodeBudget *b = pool->budget;
@@ -525,7 +557,8 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
     int tok = NB_NONE;
     int64_t blocks = 0;
     while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need) {
-        int alone = pool->nthreads == 0 || !pool_usable(pool);
+        /* No worker will help with a job that was never listed (one block), nor in a pool without them. */
+        int alone = pool->nthreads == 0 || !pool_usable(pool) || !job->listed;
         if (tok == NB_NONE && atomic_load(&job->next_block) < job->nblocks)
             tok = alone ? nb_acquire(b, small, nb_job_has_blocks, job) : nb_try(b, small, 0);
         if (tok != NB_NONE) {

@@ -50,7 +50,7 @@ class EngramClient:
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
                  lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16,
                  auto_refresh: bool = False, lookup_timeout: float = 60.0, lookup_path: str = "auto",
-                 strict_ids: bool = False, gather_threads: int | None = None):
+                 strict_ids: bool = False, gather_threads: int | None = None, gather_budget: bool = True):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -64,6 +64,7 @@ class EngramClient:
         self._state = ClientState(DaemonConnection(endpoint))
         self._state.device = self.device
         self._requested_threads = gather_threads  # None: the node's gather budget (or this rank alone) decides
+        self._use_budget = gather_budget  # False: this rank's pool ignores the node's budget (sized alone)
         self._finalizer = weakref.finalize(self, self._state.release)
         try:
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
@@ -98,8 +99,9 @@ class EngramClient:
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
             from .gather_seat import take_seat
 
-            state.seat = take_seat(reply.get("budget"), self.device, self._requested_threads,
-                                   self.lookup_config.gather_threads, timeout=min(timeout, 5.0))
+            budget = reply.get("budget") if self._use_budget else None
+            state.seat = take_seat(budget, self.device, self._requested_threads, self.lookup_config.gather_threads,
+                                   timeout=min(timeout, 5.0))
             state.pool = state.seat.open_pool()
             if state.seat.threads != self.lookup_config.gather_threads:
                 self.lookup_config = replace(self.lookup_config, gather_threads=state.seat.threads)

@@ -84,10 +84,14 @@ class GatherSeat:
         if self.budget is None:
             return None
         stats = self.budget.stats()
+
+        def sane(value):  # counters live in shared memory a peer may scribble on: report them bounded
+            return min(max(value, 0), 2**62)
         return {"slot": stats["slot"], "group": stats["group"], "tokens": stats["tokens"], "threads": self.threads,
-                "cpus": format_cpus(self.cpus or self.group.get("cpus", [])), "held": max(0, stats["held"]),
-                "rows": stats["rows"], "wait_s": round(stats["wait_s"], 6), "acquired": stats["acquired"],
-                "yields": stats["yields"], "overdraft": stats["overdraft"]}
+                "cpus": format_cpus(self.cpus or self.group.get("cpus", [])), "held": sane(stats["held"]),
+                "rows": sane(stats["rows"]), "wait_s": round(float(sane(stats["wait_s"])), 6),
+                "acquired": sane(stats["acquired"]), "yields": sane(stats["yields"]),
+                "overdraft": sane(stats["overdraft"])}
 
     def open_pool(self):
         from . import _host_gather
@@ -112,7 +116,8 @@ def take_seat(spec: dict | None, device, requested: int | None, alone_default: i
     rank would size for itself."""
     if not spec or spec.get("version") != budget_file.VERSION or not spec.get("groups"):
         threads = alone_default if requested is None else requested
-        why = "the daemon has no gather budget" if not spec else "the daemon's gather budget is of another version"
+        why = "no node gather budget (the daemon has none, or gather_budget=False)" if not spec else \
+            "the daemon's gather budget is of another version"
         return GatherSeat(threads, f"{why}: this rank's pool has {threads} gather threads of its own, "
                                    "sized without regard to other ranks")
     allowed = os.sched_getaffinity(0)
