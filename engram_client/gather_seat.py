@@ -94,13 +94,13 @@ class GatherSeat:
                 "overdraft": sane(stats["overdraft"])}
 
     def open_pool(self):
-        from . import _host_gather
+        from .host_lookup import _host_gather
 
         return _host_gather.GatherPool(self.threads, self.budget, self.cpus)
 
 
 def _open_budget(spec: dict, group: dict, timeout: float):
-    from . import _host_gather
+    from .host_lookup import _host_gather  # host_lookup gives the C module the project's error classes
 
     fd = budget_file.receive(spec["socket"], timeout)
     try:
