@@ -29,6 +29,7 @@ from benchmarks.common import write_json
 DECODE, PREFILL = 6144, 393216
 ENGINE = 0  # "rows" of a decode-step probe: a 6,144-row prefetch beside a chain of layer-sized matmuls
 ENGINE_LAYERS, ENGINE_HIDDEN, ENGINE_BATCH = 48, 2048, 256
+MIN_CALL_S = {DECODE: 0.15e-3, PREFILL: 4e-3}  # faster than one rank alone on the H200 machine
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -66,19 +67,24 @@ def rank_main(endpoint: str, device: str, budget: bool, conn) -> None:
         for index, weight in enumerate(weights):
             x = torch.nn.functional.gelu(x @ weight)
             if index == 0:
-                x = x + handle.wait()[:ENGINE_BATCH].sum(0, keepdim=True)
+                rows = handle.wait()
+                x[:, :rows.shape[1]] += rows[:ENGINE_BATCH]
     conn.send({"threads": client.lookup_config.gather_threads, "words": client.gather_budget})
     while True:
         order = conn.recv()
         if order is None:
             break
         rows, start_at, seconds = order
+        # Fresh ids for every call, drawn before the window (enough for calls this size could take
+        # at the one-rank speed; reused from the start beyond that, which no case here reaches).
+        count = max(16, int(seconds / (MIN_CALL_S[rows] if rows in MIN_CALL_S else 2e-3)))
+        pool = torch.randint(0, table.num_rows, (count, rows or DECODE), device=device, dtype=torch.int32)
+        fence()
         end_at, times = start_at + seconds, []
         while time.monotonic() < start_at:
             time.sleep(0.0005)
         while True:
-            ids = torch.randint(0, table.num_rows, (rows or DECODE,), device=device)
-            fence()
+            ids = pool[len(times) % count]
             t0 = time.monotonic()
             if t0 >= end_at:
                 break
@@ -111,7 +117,7 @@ def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: 
         plans = [("6,144", [DECODE] * n), ("393,216", [PREFILL] * n)]
         if n >= 2:
             plans.append(("mixed", [PREFILL] + [DECODE] * (n - 1)))
-        if n == 4 and device.startswith("cuda"):
+        if n == 4 and device.startswith("cuda") and len(ranks) >= 4:
             plans += [("step alone", [ENGINE]), ("step + 3 prefill", [ENGINE] + [PREFILL] * 3)]
         for name, sizes in plans:
             start_at = time.monotonic() + 0.5
@@ -158,7 +164,10 @@ def judge(results: dict) -> list[dict]:
     if eight_dec:
         node = eight_dec["node_Mrows_s"]
         target("node rows/s, 8 ranks busy at 6,144", f"{node:.1f} M", ">= 50 M", node >= 50)
-    cases = next(e for e in results["modes"] if e["mode"] == "budget")["cases"]
+    budget_modes = [e for e in results["modes"] if e["mode"] == "budget"]
+    if not budget_modes:
+        return out
+    cases = budget_modes[0]["cases"]
     cases = [c for c in cases if not c["case"].startswith("step") and all(r["calls"] for r in c["per_rank"])]
     tail = max(r["p90_ms"] / r["median_ms"] for c in cases for r in c["per_rank"])
     target("p90 / median per rank, every case (budget)", f"{tail:.2f}x", "<= 1.3x", tail <= 1.3)
@@ -230,8 +239,12 @@ def main(argv: list[str] | None = None) -> dict:
         results = {"table_bytes": status["table_bytes"], "load_s": round(time.monotonic() - started, 1),
                    "seconds": args.seconds, "device": args.device, "budget": status.get("gather_budget"), "modes": []}
         counts = [int(n) for n in args.ranks.split(",")]
-        for mode in args.modes.split(","):
-            results["modes"].append(run_mode(endpoint, args.device, mode, counts, args.seconds))
+        for mode in args.modes.split(","):  # "budget", "alone"; "budget:cpu": the same on device="cpu" lookups
+            name, _, device = mode.partition(":")
+            device = device or args.device
+            entry = run_mode(endpoint, device, name, counts, args.seconds)
+            entry.update(mode=mode, device=device)
+            results["modes"].append(entry)
         spec = results["budget"]
         if spec:
             fd = budget_file.receive(spec["socket"], 5.0)
