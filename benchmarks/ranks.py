@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
             entry = run_mode(endpoint, device, name, counts, args.seconds)
             entry.update(mode=mode, device=device)
             results["modes"].append(entry)
+            write_json(args.json, results)  # what a run cut short still leaves
         spec = results["budget"]
         if spec:
             fd = budget_file.receive(spec["socket"], 5.0)

@@ -28,8 +28,9 @@
  *     decode-size job (at most small_rows rows), and yields at the next block boundary while one waits;
  *   - fair: fair = ceil(tokens / active slots); a slot at its fair share takes no token while a slot
  *     below it waits, and one above it yields at a block boundary;
- *   - round robin: among waiting slots, the one served least recently goes first; a holder that
- *     has run NB_QUANTUM_BLOCKS blocks yields to a slot holding fewer tokens.
+ *   - round robin: among waiting slots, the one served least recently goes first; once per
+ *     NB_QUANTUM_NS in the group, one holder yields to a slot holding fewer tokens (so the odd
+ *     token of an uneven split goes round without every holder letting go at once).
  * Waiters sleep on their slot's futex word (bounded: NB_WAIT_NS) and a release wakes the slot
  * that is next.  A slot that has waited NB_STARVE_NS holding nothing (a peer keeps the tokens
  * locked) gathers without a token for NB_OVERDRAFT_NS, counted: no peer stalls a rank for longer.
@@ -54,13 +55,15 @@
 #define NB_FILE_BYTES (NB_GROUPS_AT + NB_MAX_GROUPS * NB_GROUP_BYTES)
 #define NB_SLOT_LOCK(s) ((off_t)1 << 30 | (off_t)(s))
 #define NB_TOKEN_LOCK(g, t) (((off_t)2 << 30) + (off_t)(g) * NB_MAX_TOKENS + (t))
-#define NB_WAIT_NS 500000LL            /* a waiter re-checks at least this often */
+#define NB_WAIT_NS 2000000LL           /* a waiter re-checks at least this often (wake-ups are targeted) */
+#define NB_WAITER_SPIN_NS 100000LL     /* the job's own thread polls this long before it sleeps */
 #define NB_SWEEP_NS 2000000LL          /* ... and looks for dead slots after waiting this long */
 #define NB_STARVE_NS 1000000000LL      /* holding nothing this long: the tokens are kept from us */
 #define NB_OVERDRAFT_NS 10000000000LL  /* then gather without tokens this long before trying again */
 #define NB_GLOCK_BREAK_NS 50000000LL
 #define NB_FOREIGN_NS 10000000LL       /* a token locked outside the hints is skipped this long */
-#define NB_QUANTUM_BLOCKS 16
+#define NB_QUANTUM_NS 1000000LL        /* the group rotates one token this often, at most */
+#define NB_QUANTUM_MIN_BLOCKS 8
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
 
@@ -88,7 +91,8 @@ typedef struct {
     _Atomic uint64_t want_mask, small_mask, holding_mask;
     _Atomic uint64_t grants, big_blocks, sweeps;
     _Atomic int32_t gathering, peak;
-    uint8_t pad[256 - 9 * 8 - 8];
+    _Atomic int64_t rotate_at;             /* the next quantum rotation may happen from then on */
+    uint8_t pad[256 - 9 * 8 - 8 - 8];
     _Atomic uint32_t owner[NB_MAX_TOKENS]; /* slot + 1 holding the token, 0 free (a hint) */
     NbGrant log[NB_LOG];
 } NbGroup;
@@ -108,6 +112,7 @@ typedef struct NodeBudget {
     _Atomic int64_t last_sweep, overdraft_until;
     _Atomic int overdraft_now;
     _Atomic int held_here, want_here, small_here;  /* this process's own counts: what its slot should say */
+    _Atomic int yielding;                  /* holders of this process giving a token back now */
     atomic_uint cursor;
     atomic_uint done_seq;                  /* waiters sleep on it (process-private futex) */
     atomic_int done_sleepers;
@@ -359,6 +364,7 @@ static int nb_try(NodeBudget *b, int small, int uncontended_only) {
 }
 
 static void nb_release(NodeBudget *b, int t, int yielded) {
+    if (yielded == 2) atomic_fetch_sub(&b->yielding, 1);
     if (t == NB_OVERDRAFT) {
         atomic_fetch_sub(&b->overdraft_now, 1);
         return;
@@ -374,7 +380,7 @@ static void nb_release(NodeBudget *b, int t, int yielded) {
     if (!held) atomic_fetch_and(&b->g->holding_mask, ~b->bit);
     int next = nb_next_waiter(b);
     nb_gunlock(b, key);
-    if (yielded) atomic_fetch_add(&b->s->yields, 1);
+    if (yielded) atomic_fetch_add(&b->s->yields, 1);  /* 1: to a decode-size job or a quantum, 2: above its share */
     if (next >= 0) nb_wake_slot(b, next);
 }
 
@@ -392,11 +398,11 @@ static int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg
     nb_register(b, small, 1);
     for (;;) {
         uint32_t seen = atomic_load(&b->s->seq);
-        if ((t = nb_try(b, small, 0)) >= 0) break;
         if (!needed(arg)) {
             t = NB_NONE;
             break;
         }
+        if ((t = nb_try(b, small, 0)) >= 0) break;
         int64_t now = now_ns();
         int64_t until = atomic_load(&b->overdraft_until);
         if (until > now || (now - start > NB_STARVE_NS && atomic_load(&b->held_here) == 0)) {
@@ -439,10 +445,16 @@ static int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
     if (!others) return 0;  /* work-conserving: nobody else waits */
     if (!small && (atomic_load(&g->small_mask) & others)) return 1;  /* a decode-size job waits */
     int held = atomic_load(&b->held_here), fair = nb_fair(b);
-    if (held > fair) return 1;
-    if (blocks < NB_QUANTUM_BLOCKS) return 0;
+    if (held - atomic_load(&b->yielding) > fair) {  /* above its share: one holder per token too many */
+        atomic_fetch_add(&b->yielding, 1);
+        return 2;
+    }
+    if (blocks < NB_QUANTUM_MIN_BLOCKS) return 0;
+    int64_t now = now_ns(), at = atomic_load(&g->rotate_at);
+    if (now < at) return 0;
     for (uint64_t m = others; m; m &= m - 1)
-        if (atomic_load(&nb_slot(b, __builtin_ctzll(m))->held) < held) return 1;  /* round robin */
+        if (atomic_load(&nb_slot(b, __builtin_ctzll(m))->held) < held)  /* round robin: one token per quantum */
+            return atomic_compare_exchange_strong(&g->rotate_at, &at, now + NB_QUANTUM_NS);
     return 0;
 }
 
@@ -451,6 +463,11 @@ static int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
 static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
     int64_t block = atomic_fetch_add(&job->next_block, 1);
     if (block >= job->nblocks) return 0;
+    if (block == job->nblocks - 1 && atomic_load(&b->s->sleepers)) {
+        /* The job's last block is handed out: our workers still waiting for a token for it may go. */
+        atomic_fetch_add(&b->s->seq, 1);
+        nb_futex(&b->s->seq, FUTEX_WAKE, INT32_MAX, 0);
+    }
     if (counted) {
         int now = atomic_fetch_add(&b->g->gathering, 1) + 1, peak = atomic_load(&b->g->peak);
         while (now > peak && !atomic_compare_exchange_weak(&b->g->peak, &peak, now)) {}
@@ -470,9 +487,13 @@ static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
     return 1;
 }
 
-static int nb_pool_has_work(void *arg) {
+static int nb_pool_has_work(void *arg) {  /* a listed job with blocks left (exhausted ones are unlisted) */
     Pool *pool = arg;
-    return atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop);
+    if (!atomic_load(&pool->listed_jobs) || atomic_load(&pool->stop)) return 0;
+    pthread_mutex_lock(&pool->lock);
+    int work = job_with_work(pool) != NULL;
+    pthread_mutex_unlock(&pool->lock);
+    return work;
 }
 
 static int nb_job_has_blocks(void *arg) {
@@ -520,13 +541,10 @@ static void *budget_worker_main(Pool *pool) {
                 int small = job->n <= b->small_rows, yielded = 0;
                 int64_t blocks = 0;
                 while (budget_take_block(b, job, tok >= 0, small))
-                    if (nb_should_yield(b, tok, small, ++blocks)) {
-                        yielded = 1;
-                        break;
-                    }
+                    if ((yielded = nb_should_yield(b, tok, small, ++blocks))) break;
                 atomic_fetch_sub(&job->users, 1);
                 if (yielded) {
-                    nb_release(b, tok, 1);
+                    nb_release(b, tok, yielded);
                     tok = NB_NONE;
                 }
                 linger_until = now_ns() + IDLE_SPIN_NS;
@@ -563,8 +581,9 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
             tok = alone ? nb_acquire(b, small, nb_job_has_blocks, job) : nb_try(b, small, 0);
         if (tok != NB_NONE) {
             if (budget_take_block(b, job, tok >= 0, small)) {
-                if (nb_should_yield(b, tok, small, ++blocks)) {
-                    nb_release(b, tok, 1);
+                int why = nb_should_yield(b, tok, small, ++blocks);
+                if (why) {
+                    nb_release(b, tok, why);
                     tok = NB_NONE, blocks = 0;
                 }
                 continue;
@@ -572,6 +591,12 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
             nb_release(b, tok, 0);
             tok = NB_NONE;
         }
+        /* Poll a little first: a wake-up through the kernel costs tens of microseconds in a VM,
+         * as much as a decode-size call's gather. */
+        int64_t spin_until = now_ns() + NB_WAITER_SPIN_NS;
+        while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need && now_ns() < spin_until)
+            for (int i = 0; i < 32; i++) cpu_relax();
+        if (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) >= need) break;
         uint32_t seen = atomic_load(&b->done_seq);
         atomic_fetch_add(&b->done_sleepers, 1);
         if (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need)
