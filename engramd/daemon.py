@@ -33,7 +33,7 @@ from typing import Any, Callable
 from engram_client.core.errors import NotReadyError, ProtocolError, UnknownClientError
 from engram_client.core.protocol import LOADING, READY, STOPPING
 
-from . import __version__
+from . import __version__, huge_pages
 from .config import ServeConfig
 from .generation import Generation
 from .lease_limits import STATUS_CLIENTS
@@ -135,6 +135,7 @@ class Daemon:
 
     def _finish(self, generation: Generation) -> None:
         """Serve a freshly complete generation; the one it replaces starts retiring.  (Load thread.)"""
+        generation.huge_pages = huge_pages.report(generation.path, generation.header.total_bytes)
         with self._lock:
             generation.state = READY
             self._last_number = max(self._last_number, generation.number)  # a re-adopted table keeps its number
@@ -227,6 +228,7 @@ class Daemon:
                                           self.leases, self.config, self.boot_id, self.started_at, __version__,
                                           self.shm.directory, clients_limit)
             self._snapshot["gather_budget"] = self.budget.status() if self.budget is not None else None
+            self._snapshot["huge_pages"] = self.current.huge_pages
             return self._snapshot
 
     def snapshot(self) -> dict[str, Any]:

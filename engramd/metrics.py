@@ -33,6 +33,9 @@ class DaemonCollector:
         reload = status["reload"]
         yield GaugeMetricFamily("engramd_reload_loading", "1 while a reload loads beside the served table",
                                 value=1.0 if reload and reload["state"] == LOADING else 0.0)
+        pages = status.get("huge_pages") or {}
+        yield GaugeMetricFamily("engramd_table_huge_page_bytes", "Bytes of the served table on huge pages (measured "
+                                "once it is ready)", value=pages.get("huge_bytes", 0))
         yield from budget_families(status)
 
 

@@ -20,6 +20,7 @@ SHOWN_FIELDS = frozenset({
     "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
     "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
     "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing", "gather_budget",
+    "huge_pages",
 })
 
 
@@ -71,6 +72,15 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
             f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts")
 
 
+def _pages_line(pages: dict[str, Any] | None) -> str:
+    if not pages:
+        return "huge pages  not measured (no table served yet)"
+    size = human_bytes(pages["page_bytes"])
+    return (f"huge pages  {pages['coverage'] * 100:.0f}% of the table ({human_bytes(pages['huge_bytes'])} of "
+            f"{human_bytes(pages['bytes'])}) on huge pages" + (f" of {size}" if pages["huge_bytes"] else
+                                                              f"; the rest on {size} pages"))
+
+
 def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
     if not budget:
         return ["gather      no node budget (--gather-cpus off, or a daemon before 1.3): each rank sizes its pool"]
@@ -119,6 +129,7 @@ def render_status(status: dict[str, Any]) -> list[str]:
     numa = status.get("numa_node")
     lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")
     lines.extend(_budget_lines(status.get("gather_budget")))
+    lines.append(_pages_line(status.get("huge_pages")))
     clients = status["clients"]
     total = status.get("clients_total", len(clients))  # a 1.1 daemon lists every client
     shown = "" if total == len(clients) else f"; the oldest {len(clients)} listed"

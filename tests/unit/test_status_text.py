@@ -48,6 +48,7 @@ def full_status() -> dict:
         "gather_budget": {"id": "boot-4f1c", "socket": "/run/engramd.sock.budget", "tokens": 14, "groups": [
             {"group": 0, "node": 1, "cpus": "0-13", "tokens": 14, "locked": 5, "peak_gathering": 14,
              "grants": 9876, "dead_slots_swept": 1}]},
+        "huge_pages": {"bytes": 5 * 2**20, "huge_bytes": 4 * 2**20, "coverage": 0.8, "page_bytes": 2**21},
     }
 
 
@@ -61,7 +62,8 @@ def test_the_text_states_each_value():
                    "bad shard", "numa node   1", "clients     70 ", "the oldest 2 listed", "400 token ids -> 311 compressed", "7.5 s", "ipc:///run/engramd.sock.events", "node7", "cuda:0",
                    "node budget of 14 tokens", "/run/engramd.sock.budget", "group 0 (NUMA node 1): 14 tokens on CPUs 0-13",
                    "5 held now", "at most 14 gathering at once", "9,876 grants", "1 dead ranks' slots swept",
-                   "slot 3, 14 threads on CPUs 0-13", "1,234,567 rows gathered", "0.250 s waited for tokens"):
+                   "slot 3, 14 threads on CPUs 0-13", "1,234,567 rows gathered", "0.250 s waited for tokens",
+                   "80% of the table (4.0 MiB of 5.0 MiB) on huge pages of 2.0 MiB"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     assert "None" not in text, text
     lines = text.splitlines()
