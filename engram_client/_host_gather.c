@@ -81,6 +81,8 @@ static void pool_stop(Pool *pool) {
     for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
 }
 
+#include "_node_budget_py.h"
+
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"threads", "budget", "cpus", NULL};
     int threads;
@@ -90,28 +92,10 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_Format(PyExc_ValueError, "gather_threads must be between 1 and 1024, got %d", threads);
         return -1;
     }
-    if (budget != Py_None && (!PyObject_TypeCheck(budget, &NodeBudgetType) || !((NodeBudgetObject *)budget)->b)) {
-        PyErr_SetString(PyExc_TypeError, "budget must be an open NodeBudget or None");
-        return -1;
-    }
     cpu_set_t pin;  /* the workers' CPUs (the budget's, near the GPU): a hint, so a refusal is not an error */
-    CPU_ZERO(&pin);
-    int pinned = 0;
-    if (cpus != Py_None) {
-        PyObject *seq = PySequence_Fast(cpus, "cpus must be a sequence of CPU numbers");
-        if (!seq) return -1;
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-            long cpu = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-            if (cpu < 0 || cpu >= CPU_SETSIZE) {
-                Py_DECREF(seq);
-                if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "CPU %ld is out of range", cpu);
-                return -1;
-            }
-            CPU_SET((int)cpu, &pin);
-            pinned = 1;
-        }
-        Py_DECREF(seq);
-    }
+    NodeBudget *nb = NULL;
+    int pinned = nb_pool_options(budget, cpus, &nb, &pin);
+    if (pinned < 0) return -1;
     if (self->pool) return 0;
     Pool *pool = calloc(1, sizeof(Pool));
     if (!pool || !(pool->threads = calloc((size_t)threads, sizeof(pthread_t)))) {
@@ -124,10 +108,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();
     atomic_store(&pool->refs, 1);
-    if (budget != Py_None) {
-        pool->budget = ((NodeBudgetObject *)budget)->b;
-        atomic_fetch_add(&pool->budget->refs, 1);
-    }
+    if ((pool->budget = nb)) atomic_fetch_add(&nb->refs, 1);
     /* The caller gathers too, so threads - 1 workers give `threads` gatherers. */
     for (int i = 0; i < threads - 1; i++) {
         if (pthread_create(&pool->threads[i], NULL, worker_main, pool) != 0) {
@@ -204,26 +185,6 @@ static PyObject *pool_get_closed(PoolObject *self, void *unused) {
     return PyBool_FromLong(!self->pool || !pool_usable(self->pool));
 }
 
-/* A new daemon's budget: tokens are taken from it from now on; the old one is kept (tokens held
- * on it go back to it) until the pool goes. */
-static PyObject *pool_set_budget(PoolObject *self, PyObject *arg) {
-    if (!self->pool || check_pool(self->pool)) return NULL;
-    Pool *pool = self->pool;
-    if (!PyObject_TypeCheck(arg, &NodeBudgetType) || !((NodeBudgetObject *)arg)->b) {
-        PyErr_SetString(PyExc_TypeError, "set_budget needs an open NodeBudget");
-        return NULL;
-    }
-    if (!pool->budget || pool->nretired == 16) Py_RETURN_FALSE;  /* a pool alone stays alone; rebinds are rare */
-    NodeBudget *b = ((NodeBudgetObject *)arg)->b;
-    atomic_fetch_add(&b->refs, 1);
-    pool->retired[pool->nretired++] = atomic_exchange(&pool->budget, b);
-    Py_RETURN_TRUE;
-}
-
-static PyObject *pool_get_budgeted(PoolObject *self, void *unused) {
-    return PyBool_FromLong(self->pool && self->pool->budget);
-}
-
 static PyObject *pool_get_jobs_run(PoolObject *self, void *unused) {
     return PyLong_FromLongLong(self->pool ? atomic_load(&self->pool->jobs_run) : 0);
 }
@@ -233,8 +194,7 @@ static PyMethodDef pool_methods[] = {
      "gather(table, row_lo, row_hi, row_bytes, ids, ids64, n, out, counter) -> ids out of range.\n"
      "Addresses are ints; counter is the address of an int64 to add the bad count to, or 0."},
     {"close", (PyCFunction)pool_close, METH_NOARGS, "Stop and join the workers (idempotent)."},
-    {"set_budget", (PyCFunction)pool_set_budget, METH_O,
-     "set_budget(budget) -> whether the pool now draws on it (a pool started on a budget only)."},
+    NB_POOL_METHODS
     {NULL}};
 
 static PyGetSetDef pool_getset[] = {
@@ -327,8 +287,7 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_host_gather",
                                         module_methods};
 
 PyMODINIT_FUNC PyInit__host_gather(void) {
-    if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&StagedJobType) < 0 || PyType_Ready(&NodeBudgetType) < 0)
-        return NULL;
+    if (PyType_Ready(&PoolType) < 0 || PyType_Ready(&StagedJobType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (!module) return NULL;
     static int atfork_done;
@@ -338,12 +297,7 @@ PyMODINIT_FUNC PyInit__host_gather(void) {
     }
     if (PyModule_AddObjectRef(module, "GatherPool", (PyObject *)&PoolType) < 0 ||
         PyModule_AddObjectRef(module, "StagedJob", (PyObject *)&StagedJobType) < 0 ||
-        PyModule_AddObjectRef(module, "NodeBudget", (PyObject *)&NodeBudgetType) < 0 ||
-        PyModule_AddIntConstant(module, "BUDGET_VERSION", NB_VERSION) < 0 ||
-        PyModule_AddIntConstant(module, "BUDGET_FILE_BYTES", NB_FILE_BYTES) < 0 ||
-        PyModule_AddIntConstant(module, "BUDGET_MAX_SLOTS", NB_MAX_SLOTS) < 0 ||
-        PyModule_AddIntConstant(module, "BUDGET_MAX_GROUPS", NB_MAX_GROUPS) < 0 ||
-        PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ||
+        nb_add_to_module(module) < 0 ||
         PyModule_AddIntConstant(module, "MAX_CHUNKS", MAX_CHUNKS) < 0) {
         Py_DECREF(module);
         return NULL;
