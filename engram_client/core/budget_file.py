@@ -96,7 +96,8 @@ class BudgetView:
 
     def slot(self, s: int) -> dict:
         values = _SLOT.unpack_from(self._map, SLOTS_AT + s * SLOT_BYTES)
-        return {"want": values[2], "held": values[4], "group": values[5], "pid": values[6], "rows": values[9]}
+        return {"want": values[2], "held": values[4], "group": values[5], "pid": values[6], "rows": values[9],
+                "small_waits": values[14], "small_wait_blocks_max": values[15]}
 
     def close(self) -> None:
         self._map.close()
