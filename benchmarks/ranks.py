@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
             view = budget_file.BudgetView(fd)
             results["budget_peak"], results["budget_tokens"] = view.group(0)["peak"], view.tokens[0]
             view.close()
-            from engram_client import _host_gather
+            from engram_client.lookup.host import _host_gather
 
             watcher = _host_gather.NodeBudget(fd, 0, view.tokens[0], budget_file.MAX_SLOTS)
             results["syscall_ns"] = watcher.syscall_costs(20000)  # what the budget's calls cost on this machine

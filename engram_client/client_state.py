@@ -86,7 +86,7 @@ class ClientState:
             mapped = self.mapped
             self.boot_id, self.lease_lost = reply["boot_id"], False
             if self.seat is not None and self.pool is not None:
-                from .gather_seat import move_seat
+                from .lookup.host.gather_seat import move_seat
 
                 move_seat(self.seat, self.pool, reply.get("budget"), self.device)  # a new daemon, a new budget
             if mapped is None:

@@ -1,6 +1,6 @@
 """The node's gather budget as shared memory: its layout, seen from Python.
 
-engram_client/_node_budget.h is the code that schedules on it and draws the whole layout; this
+engram_client/lookup/host/_node_budget.h is the code that schedules on it and draws the whole layout; this
 module holds what the daemon needs to create one and to read it for status, and the
 client's side of handing it over:
 

@@ -6,7 +6,7 @@ The budget's CPUs are split into groups, one per NUMA node; a group's tokens are
 The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
 and serves it on a unix socket beside its request socket, ``<socket>.budget``, from a thread
 of its own: a connection gets the descriptor and is closed.  After that the daemon is out of
-the way: ranks take and give back tokens among themselves (engram_client/_node_budget.h), and
+the way: ranks take and give back tokens among themselves (engram_client/lookup/host/_node_budget.h), and
 keep doing so while no daemon runs.  Status reads the kernel's lock table for each group's
 tokens and the counters each client reports in its heartbeats.
 
@@ -29,7 +29,7 @@ from engram_client.core.errors import ConfigError
 log = logging.getLogger("engramd.gather_budget")
 ACCEPT_POLL_S = 0.2
 SEND_TIMEOUT_S = 1.0
-# What a client may report in its heartbeat (engram_client/gather_seat.py): name -> type.
+# What a client may report in its heartbeat (engram_client/lookup/host/gather_seat.py): name -> type.
 REPORT_FIELDS = {"slot": int, "group": int, "tokens": int, "threads": int, "cpus": str, "held": int, "rows": int,
                  "wait_s": float, "acquired": int, "yields": int, "overdraft": int}
 REPORT_CPUS_CHARS = 256

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from budget_ranks import Ranks
-from engram_client import _host_gather
+from engram_client.lookup.host import _host_gather
 from engram_client.core import budget_file
 
 pytestmark = pytest.mark.gpu

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from engram_client import _host_gather
+from engram_client.lookup.host import _host_gather
 from engram_client.core import budget_file
 from budget_ranks import Ranks
 from waiting import wait_for

@@ -154,7 +154,7 @@ static PyGetSetDef budget_getset[] = {
 
 static PyTypeObject NodeBudgetType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "engram_client._host_gather.NodeBudget",
+    .tp_name = "engram_client.lookup.host._host_gather.NodeBudget",
     .tp_basicsize = sizeof(NodeBudgetObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "NodeBudget(fd, group, tokens, slots): this process's slot in the node's gather budget",
