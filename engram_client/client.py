@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ class EngramClient:
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
                  lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16,
                  auto_refresh: bool = False, lookup_timeout: float = 60.0, lookup_path: str = "auto",
-                 strict_ids: bool = False, gather_threads: int | None = None):
+                 strict_ids: bool = False, gather_threads: int | None = None, gather_budget: bool = True):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -63,6 +64,9 @@ class EngramClient:
         self.auto_refresh = auto_refresh
         self._signalling = None  # how the host path signals on this device (host_signal.py), where it runs
         self._state = ClientState(DaemonConnection(endpoint))
+        self._state.device = self.device
+        self._requested_threads = gather_threads  # None: the node's gather budget (or this rank alone) decides
+        self._use_budget = gather_budget  # False: this rank's pool ignores the node's budget (sized alone)
         self._finalizer = weakref.finalize(self, self._state.release)
         # The tables handed out, held weakly: each holds the client, so holding them here would make
         # a cycle that only the cyclic collector could end (the lease would outlive the last reference).
@@ -98,13 +102,18 @@ class EngramClient:
             raise
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
-            from .lookup.host.host_lookup import open_pool
+            from .lookup.host.gather_seat import take_seat
             from .lookup.host.host_signal import STREAM_MEMOPS, signalling_for
 
             if self.device.type == "cuda":
                 self._signalling = signalling_for(self.device)
-            state.pool = open_pool(self.lookup_config.gather_threads, self._signalling is not None and
-                                   self._signalling.mode == STREAM_MEMOPS)
+            budget = reply.get("budget") if self._use_budget else None
+            state.seat = take_seat(budget, self.device, self._requested_threads, self.lookup_config.gather_threads,
+                                   timeout=min(timeout, 5.0))
+            state.pool = state.seat.open_pool(self._signalling is not None and
+                                              self._signalling.mode == STREAM_MEMOPS)
+            if state.seat.threads != self.lookup_config.gather_threads:
+                self.lookup_config = replace(self.lookup_config, gather_threads=state.seat.threads)
         for layer, lv in state.mapped.layers.items():
             state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
         state.hasher = hasher_for(state.mapped)
@@ -242,6 +251,11 @@ class EngramClient:
             return {**info, **self._signalling.as_dict()}
         return {**info, "signalling": None, "reason": "CPU lookups gather on the calling thread and the pool"
                 if self.device.type == "cpu" else "lookup_path 'uva': no host path"}
+
+    @property
+    def gather_budget(self) -> str | None:
+        """How this client's gather pool sits on the node's budget, in words (None: no host gathers)."""
+        return self._state.seat.explanation if self._state.seat is not None else None
 
     @property
     def client_id(self) -> str | None:

@@ -32,6 +32,8 @@ class ClientState:
         self.tables: dict[int, LayerTable] = {}  # what client.table() hands out wraps these
         self.stream = None
         self.pool = None  # the gather threads of the host path and of CPU lookups
+        self.seat = None  # the pool's seat on the node's gather budget (gather_seat.py)
+        self.device = None
         self.stop = threading.Event()
         self.heartbeat_thread: threading.Thread | None = None
         self.boot_id: str | None = None
@@ -51,7 +53,11 @@ class ClientState:
     def heartbeat_loop(self, interval: float) -> None:
         while not self.stop.wait(interval):
             try:
-                reply = self.connection.request("heartbeat", self.lease_args(), timeout=interval)
+                args = self.lease_args()
+                report = self.seat.report() if self.seat is not None and self.mapped is not None else None
+                if report is not None:
+                    args["budget"] = report  # counters for status and metrics (protocol 1.3)
+                reply = self.connection.request("heartbeat", args, timeout=interval)
                 self.lease_lost = False
             except UnknownClientError:
                 self._reattach()
@@ -79,6 +85,10 @@ class ClientState:
                 return
             mapped = self.mapped
             self.boot_id, self.lease_lost = reply["boot_id"], False
+            if self.seat is not None and self.pool is not None:
+                from .lookup.host.gather_seat import move_seat
+
+                move_seat(self.seat, self.pool, reply.get("budget"), self.device)  # a new daemon, a new budget
             if mapped is None:
                 return
             mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")

@@ -105,6 +105,9 @@ SETTINGS = [
     Setting("metrics_address", str, DEFAULTS["metrics_address"], "Address for the metrics port (0.0.0.0 for a "
             "cluster scraper).", field="metrics_address"),
     Setting("numa_node", int, None, "Place the table's pages on this NUMA node.", field="numa_node"),
+    Setting("gather_cpus", str, None, "The node's gather budget, shared by every rank: CPUs (0-13,16-29), a share "
+            "of them (75%), or off (each rank sizes its own pool) [default: every CPU less one per GPU].",
+            metavar="LIST|N%|off", field="gather_cpus"),
     Setting("demo_vocab_size", int, None, f"Vocab size of the demo table [default: {DEMO_VOCAB_SIZE}].",
             field="demo_vocab_size", to_config=lambda value: DEMO_VOCAB_SIZE if value is None else value),
     Setting("demo_seed", int, DEFAULTS["demo_seed"], "Seed of the demo table.", field="demo_seed"),

@@ -30,6 +30,7 @@ class ServeConfig:
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
     numa_node: int | None = None
+    gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
 
     def __post_init__(self) -> None:
@@ -48,6 +49,9 @@ class ServeConfig:
         if self.numa_node is not None:
             from ..shm.numa import check_node
             check_node(self.numa_node)
+        if self.gather_cpus is not None:
+            from .gather_budget import check_spec
+            check_spec(self.gather_cpus)
         if self.remote_status and not self.curve_keys_dir:
             raise ConfigError(f"--remote-status {self.remote_status}: TCP is served only with CURVE authentication; "
                               "give --curve-keys-dir (create one with `engramd keys DIR`)")

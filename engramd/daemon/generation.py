@@ -24,6 +24,7 @@ class Generation:
     adopted: bool = False  # re-adopted from a predecessor's complete file instead of loaded
     retired_at: float | None = None  # monotonic time it stopped being the served one
     by_reload: bool = False  # started by the reload operation, not by the process's first load
+    huge_pages: dict | None = None  # its file's huge-page coverage, measured once ready (huge_pages.py)
 
     def describe(self, clients: int) -> dict[str, Any]:
         return {"generation": self.number, "state": self.state, "checkpoint": self.checkpoint or "<demo>",

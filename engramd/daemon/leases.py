@@ -28,11 +28,12 @@ class Lease:
     holder: Holder = Holder()  # the connection (and process, user) that attached it
     attached_at: float = field(default_factory=time.time)
     renewed_at: float = field(default_factory=time.monotonic)
+    budget: dict | None = None  # the gather budget counters its heartbeats report (protocol 1.3)
 
     def to_dict(self, now: float) -> dict[str, Any]:
         return {"id": self.id, "pid": self.pid, "host": self.host, "rank": self.rank, "device": self.device,
                 "generation": self.generation, "attached_at": self.attached_at,
-                "last_heartbeat_age_s": round(now - self.renewed_at, 3)}
+                "last_heartbeat_age_s": round(now - self.renewed_at, 3), "budget": self.budget}
 
 
 class LeaseRegistry:

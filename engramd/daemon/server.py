@@ -30,6 +30,7 @@ from .config import ServeConfig
 from .state_machine import Daemon
 from .ops import OPERATIONS
 from ..guards.fd_limits import PeerCap, peer_budget, raise_nofile_limit
+from .gather_budget import serve_budget
 from ..guards.lease_limits import Holder
 from ..guards.log_limit import LogLimiter, clip
 from ..guards.endpoint_lock import EndpointLock
@@ -56,7 +57,7 @@ class Server:
         self.lock = EndpointLock(config.endpoint)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.context = zmq.Context()
-        self.router = self.pub = self.remote = self.peer_cap = None
+        self.router = self.pub = self.remote = self.peer_cap = self.budget = None
         self._bound: dict[str, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the file we bound
         self.exit_code = 0
         try:
@@ -69,6 +70,7 @@ class Server:
             self.notes = LogLimiter(log)
             self.requests = RequestEndpoint(self.router, endpoints.ipc_path(config.endpoint), self.notes)
             self.publisher = EventEndpoint(self.pub, endpoints.ipc_path(config.events_endpoint), self.notes)
+            self.budget = self.daemon.budget = serve_budget(config, self.daemon.boot_id)  # gather_budget.py
             self.peer_cap = PeerCap(peers)
             self.peer_cap.watch(self.router)
             self.peer_cap.watch(self.pub)
@@ -269,6 +271,9 @@ class Server:
             log.info("engramd stopped")
 
     def _close_sockets(self) -> None:
+        if self.budget is not None:
+            self.budget.close()
+            self.budget = None
         if self.peer_cap is not None:
             self.peer_cap.close()  # before the sockets it monitors, or the context never terminates
             self.peer_cap = None

@@ -33,6 +33,7 @@ from engram_client.core.errors import NotReadyError, UnknownClientError
 from engram_client.core.protocol import FAILED, LOADING, READY, STOPPING
 
 from .. import __version__
+from ..shm import huge_pages
 from .config import ServeConfig
 from .daemon_exit import LOAD_STOP_S
 from .generation import Generation
@@ -71,6 +72,7 @@ class Daemon:
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
         self._snapshot: dict[str, Any] = {}
+        self.budget = None  # the node's gather budget (engramd/gather_budget.py), set by the server
         self.status()
 
     # -- derived views ---------------------------------------------------------------
@@ -149,6 +151,7 @@ class Daemon:
         except OSError as exc:
             self._not_recorded(generation, exc)
             return
+        generation.huge_pages = huge_pages.report(generation.path, generation.header.total_bytes)
         with self._lock:
             generation.state = READY
             self._last_number = max(self._last_number, generation.number)  # a re-adopted table keeps its number
@@ -260,6 +263,8 @@ class Daemon:
             self._snapshot = build_status(self.state, self.current, self.pending, list(self.retiring.values()),
                                           self.leases, self.config, self.boot_id, self.started_at, __version__,
                                           self.shm.directory, clients_limit)
+            self._snapshot.update(gather_budget=self.budget.status() if self.budget else None,
+                                  huge_pages=self.current.huge_pages)
             return self._snapshot
 
     def snapshot(self) -> dict[str, Any]:
@@ -277,13 +282,14 @@ class Daemon:
         log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s)", lease.id,
                  current.number, pid, host, device, rank)
         return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds,
-                "boot_id": self.boot_id,
-                "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint}
+                "boot_id": self.boot_id, "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint,
+                "budget": self.budget.describe() if self.budget is not None else None}
 
-    def heartbeat(self, client_id: str, secret: str = "") -> dict[str, Any]:
+    def heartbeat(self, client_id: str, secret: str = "", budget: dict | None = None) -> dict[str, Any]:
         lease = self.leases.renew(client_id, secret)
         if lease is None:
             raise UnknownClientError(f"no lease {client_id!r}: it expired or was granted by an earlier daemon; attach again")
+        lease.budget = budget if budget is not None else lease.budget  # the client's counters (gather_budget.py)
         return {"boot_id": self.boot_id, "generation": self.generation, "lease_generation": lease.generation,
                 "lease_seconds": self.config.lease_seconds}
 

@@ -20,6 +20,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from engram_client.core.protocol import FAILED, LOADING, OPERATIONS, STATES
 
+from .budget_metrics import budget_families
+
 PREFIX = "engramd"
 NO_OPERATION = "invalid"  # the op label of a request refused before it named a known operation
 RELOAD_OUTCOMES = ("served", "failed")
@@ -51,6 +53,10 @@ class DaemonCollector:
                                 value=reload["load"]["done_bytes"])
         yield GaugeMetricFamily("engramd_reload_total_bytes", "Bytes a reload loads (0 without one)",
                                 value=reload["load"]["total_bytes"])
+        pages = status.get("huge_pages") or {}
+        yield GaugeMetricFamily("engramd_table_huge_page_bytes", "Bytes of the served table on huge pages (measured "
+                                "once it is ready)", value=pages.get("huge_bytes", 0))
+        yield from budget_families(status)
 
 
 class Metrics:

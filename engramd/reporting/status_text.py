@@ -22,7 +22,8 @@ from .sizes import human_bytes
 SHOWN_FIELDS = frozenset({
     "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
     "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
-    "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing",
+    "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing", "gather_budget",
+    "huge_pages",
 })
 
 
@@ -59,8 +60,39 @@ def _client_line(client: dict[str, Any], served: int) -> str:
     on = f"generation {client['generation']}" + ("" if client.get("generation") == served else " (old)")
     age = client.get("last_heartbeat_age_s")
     heartbeat = "no heartbeat yet" if age is None else f"heartbeat {age:.1f} s ago"
-    return (f"  {client['id']:<14} pid {client['pid']:<8} on {client.get('host', '?')}  {client['device']:<8} "
+    line = (f"  {client['id']:<14} pid {client['pid']:<8} on {client.get('host', '?')}  {client['device']:<8} "
             f"{rank:<8} {on}  attached {_clock(client.get('attached_at'))}, {heartbeat}")
+    return line + _client_budget(client.get("budget"))
+
+
+def _client_budget(budget: dict[str, Any] | None) -> str:
+    """A client's share of the gather budget, as its heartbeats report it."""
+    if not budget:
+        return ""
+    return (f"\n{'':16}gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
+            f"{budget.get('cpus')} (group {budget.get('group')}, {budget.get('tokens')} tokens), holds "
+            f"{budget.get('held', 0)}; {budget.get('rows', 0):,} rows gathered, {budget.get('wait_s', 0.0):.3f} s "
+            f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts")
+
+
+def _pages_line(pages: dict[str, Any] | None) -> str:
+    if not pages:
+        return "huge pages  not measured (no table served yet)"
+    size = human_bytes(pages["page_bytes"])
+    return (f"huge pages  {pages['coverage'] * 100:.0f}% of the table ({human_bytes(pages['huge_bytes'])} of "
+            f"{human_bytes(pages['bytes'])}) on huge pages" + (f" of {size}" if pages["huge_bytes"] else
+                                                              f"; the rest on {size} pages"))
+
+
+def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
+    if not budget:
+        return ["gather      no node budget (--gather-cpus off, or a daemon before 1.3): each rank sizes its pool"]
+    lines = [f"gather      node budget of {budget['tokens']} tokens, handed out on {budget['socket']}"]
+    for group in budget["groups"]:
+        lines.append(f"  group {group['group']} (NUMA node {group['node']}): {group['tokens']} tokens on CPUs "
+                     f"{group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering at "
+                     f"once, {group['grants']:,} grants, {group['dead_slots_swept']} dead ranks' slots swept")
+    return lines
 
 
 def _files_line(status: dict[str, Any]) -> str:
@@ -109,6 +141,8 @@ def render_status(status: dict[str, Any]) -> list[str]:
     lines.extend(_generation_line(entry, served) for entry in generations)
     numa = status.get("numa_node")
     lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")
+    lines.extend(_budget_lines(status.get("gather_budget")))
+    lines.append(_pages_line(status.get("huge_pages")))
     clients = status["clients"]
     total = status.get("clients_total", len(clients))  # a 1.1 daemon lists every client
     shown = "" if total == len(clients) else f"; the oldest {len(clients)} listed"

@@ -30,6 +30,7 @@ def test_a_checkpoint_loads_serves_and_is_readopted_on_hugetlbfs(daemon_factory,
     daemon = daemon_factory("--checkpoint", ckpt, shm=hugetlbfs)
     status = daemon.wait_state("ready")
     assert os.path.dirname(status["table_path"]) == hugetlbfs
+    assert status["huge_pages"]["coverage"] == 1.0 and status["huge_pages"]["page_bytes"] == 2 << 20
     with safe_open(os.path.join(ckpt, "model-00001-of-00002.safetensors"), framework="pt") as f:
         weight = f.get_tensor("model.layers.1.engram.embed.weight").view(torch.uint8).numpy()
     with safe_open(os.path.join(ckpt, "model-00002-of-00002.safetensors"), framework="pt") as f:

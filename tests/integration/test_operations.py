@@ -7,6 +7,7 @@ import time
 import urllib.request
 
 import pytest
+import torch
 from waiting import free_port, wait_for
 from click.testing import CliRunner
 
@@ -165,3 +166,22 @@ def test_numa_node_places_the_table_and_says_so(daemon_factory):
     bad = daemon_factory("--numa-node", "99", name="bad")
     assert bad.proc.wait(timeout=30) == 1
     assert "no such NUMA node" in bad.log()
+
+
+def test_metrics_carry_the_gather_budget_and_each_clients_share(daemon_factory):
+    from waiting import wait_for
+
+    port = free_port()
+    daemon = daemon_factory("--metrics-port", str(port), "--lease-seconds", "0.9", "--gather-cpus", "0")
+    daemon.wait_state("ready")
+    with EngramClient(endpoint=daemon.endpoint, device="cpu") as client:
+        client.table(1).lookup(torch.arange(4096))
+        m = wait_for(lambda: (lambda s: s if any(k.startswith("engramd_client_gather_rows") and v >= 4096
+                                                 for k, v in s.items()) else None)(scrape(port)),
+                     "the client's rows in the metrics", 20)
+        assert m['engramd_gather_budget_tokens{cpus="0",group="0",node="0"}'] == 1.0
+        assert m['engramd_gather_budget_held{group="0",node="0"}'] == 0.0
+        threads = [v for k, v in m.items() if k.startswith("engramd_client_gather_threads") and client.client_id in k]
+        assert threads == [1.0]
+    pages = scrape(port)["engramd_table_huge_page_bytes"]
+    assert pages == daemon.status()["huge_pages"]["huge_bytes"]

@@ -64,3 +64,8 @@ def test_unit_file_verifies():
     problems = [line for line in (result.stdout + result.stderr).splitlines()
                 if line.strip() and "/usr/local/bin/engramd" not in line and "engramd.service" in line]
     assert not problems, problems
+    mount = os.path.join(os.path.dirname(UNIT), "dev-shm-engramd.mount")
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", mount], capture_output=True, text=True,
+                            timeout=60)
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if "dev-shm-engramd.mount" in line]
+    assert not problems, problems

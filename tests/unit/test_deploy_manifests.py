@@ -269,17 +269,20 @@ def test_memory_limits_cover_memory_backed_volumes():
     assert checked, "the engine example's /dev/shm emptyDir should have been checked"
 
 
-def test_daemon_memory_accounts_for_the_table():
-    """tmpfs pages are charged to the daemon that writes them: one generation in the request,
-    two (a reload writes g+1 beside g) in the limit."""
-    ds, _, container = _daemon()
+def test_daemon_resources_account_for_the_table_on_huge_pages():
+    """The table is on the node's hugetlbfs by default: its pages are charged to the daemon's
+    hugepages-2Mi, which must hold two generations (a reload writes g+1 beside g), requests equal
+    to limits as Kubernetes wants for huge pages."""
+    ds, spec, container = _daemon()
     reservation = quantity(ds["spec"]["template"]["metadata"]["annotations"][RESERVATION_ANNOTATION])
     v41 = TableHeader.plan([LayerLayout(layer, 256, (rows,)) for layer, rows in zip((1, 14), V41_ROWS)],
                            "fingerprint", "/models/DeepSeek-V4.1", 1).total_bytes
     assert reservation >= v41, f"{RESERVATION_ANNOTATION} {reservation} is below V4.1's {v41}-byte table"
+    volume = _volume(spec, _mount_for(container, _shm_dir())["name"])
+    assert _is_under(volume["hostPath"]["path"], "/dev/hugepages"), "the table's directory is not the node's hugetlbfs"
     resources = container["resources"]
-    assert quantity(resources["requests"]["memory"]) >= reservation
-    assert quantity(resources["limits"]["memory"]) >= 2 * reservation
+    assert resources["requests"]["hugepages-2Mi"] == resources["limits"]["hugepages-2Mi"]
+    assert quantity(resources["limits"]["hugepages-2Mi"]) >= 2 * reservation
     assert quantity(resources["limits"]["memory"]) >= quantity(resources["requests"]["memory"])
 
 
@@ -323,3 +326,21 @@ def test_systemd_unit_waits_for_readiness_and_keeps_its_runtime_dir():
     endpoint = _option(shlex.split(exec_start), "--socket")
     assert endpoint is not None and _is_under(endpoint[len("ipc://"):], "/run/engramd"), \
         f"the socket {endpoint} is not in the unit's RuntimeDirectory /run/engramd"
+
+
+def test_systemd_puts_the_table_on_a_huge_always_tmpfs_sized_for_two_generations():
+    mount = {}
+    with open(os.path.join(DEPLOY, "systemd", "dev-shm-engramd.mount")) as f:
+        for line in f:
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, _, value = line.strip().partition("=")
+                mount[key] = value
+    settings = _unit_settings()
+    (exec_start,) = settings["Service.ExecStart"]
+    assert _option(shlex.split(exec_start), "--shm-dir") == mount["Where"]
+    assert mount["Where"] in settings["Unit.RequiresMountsFor"][0].split()
+    options = dict(option.partition("=")[::2] for option in mount["Options"].split(","))
+    assert mount["Type"] == "tmpfs" and options["huge"] == "always"
+    v41 = TableHeader.plan([LayerLayout(layer, 256, (rows,)) for layer, rows in zip((1, 14), V41_ROWS)],
+                           "fingerprint", "/models/DeepSeek-V4.1", 1).total_bytes
+    assert quantity(options["size"].replace("G", "Gi")) >= 2 * v41, "a reload needs two generations"

@@ -40,9 +40,15 @@ def full_status() -> dict:
             {"id": "c1-10", "pid": 10, "host": "node7", "rank": None, "device": "cpu", "generation": 1,
              "attached_at": 1_800_000_100.0, "last_heartbeat_age_s": 0.5},
             {"id": "c2-11", "pid": 11, "host": "node7", "rank": 0, "device": "cuda:0", "generation": 2,
-             "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25}],
+             "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25,
+             "budget": {"slot": 3, "group": 0, "tokens": 14, "threads": 14, "cpus": "0-13", "held": 2,
+                        "rows": 1234567, "wait_s": 0.25, "acquired": 90, "yields": 40, "overdraft": 0}}],
         "clients_total": 70, "lease_seconds": 7.5, "events_endpoint": "ipc:///run/engramd.sock.events",
         "hashing": {"vocab": 400, "compressed_vocab": 311, "max_ngram": 3, "pad_token_id": 2},
+        "gather_budget": {"id": "boot-4f1c", "socket": "/run/engramd.sock.budget", "tokens": 14, "groups": [
+            {"group": 0, "node": 1, "cpus": "0-13", "tokens": 14, "locked": 5, "peak_gathering": 14,
+             "grants": 9876, "dead_slots_swept": 1}]},
+        "huge_pages": {"bytes": 5 * 2**20, "huge_bytes": 4 * 2**20, "coverage": 0.8, "page_bytes": 2**21},
     }
 
 
@@ -53,7 +59,11 @@ def test_the_text_states_each_value():
     for needle in ("ready", "generation  2 (re-adopted", "boot-4f1c", "9.8.7", "pid 4242", "/models/r2",
                    "fp-77aa", "/dev/shm/engramd-x-g2.table", "5.0 MiB", "/dev/shm/here", "model-1.safetensors",
                    "model-2.safetensors", "layer   3: 307 rows x 256, 1 heads", "generation 3 from /models/r3: failed",
-                   "bad shard", "numa node   1", "clients     70 ", "the oldest 2 listed", "400 token ids -> 311 compressed", "7.5 s", "ipc:///run/engramd.sock.events", "node7", "cuda:0"):
+                   "bad shard", "numa node   1", "clients     70 ", "the oldest 2 listed", "400 token ids -> 311 compressed", "7.5 s", "ipc:///run/engramd.sock.events", "node7", "cuda:0",
+                   "node budget of 14 tokens", "/run/engramd.sock.budget", "group 0 (NUMA node 1): 14 tokens on CPUs 0-13",
+                   "5 held now", "at most 14 gathering at once", "9,876 grants", "1 dead ranks' slots swept",
+                   "slot 3, 14 threads on CPUs 0-13", "1,234,567 rows gathered", "0.250 s waited for tokens",
+                   "80% of the table (4.0 MiB of 5.0 MiB) on huge pages of 2.0 MiB"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     assert "None" not in text, text
     lines = text.splitlines()

@@ -11,6 +11,11 @@
 typedef struct Signal Signal;
 typedef struct SignalSet SignalSet;
 #include "_gather_job.h"
+/* Node budget hooks (_node_budget.h): a pool on a budget gathers only while holding its tokens. */
+struct NodeBudget;
+static void *budget_worker_main(Pool *pool);
+static void budget_wait_chunk(Job *job, int64_t chunk);
+static void nb_unref(struct NodeBudget *budget);
 
 struct Pool {
     pthread_mutex_t lock;
@@ -25,6 +30,9 @@ struct Pool {
     atomic_llong jobs_run;
     pthread_t *threads;
     SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */
+    struct NodeBudget *_Atomic budget;  /* the node's gather budget, or NULL: this pool alone decides */
+    struct NodeBudget *retired[16];     /* budgets of earlier daemons, kept until the pool goes */
+    int nretired;
 };
 
 /* The stream-signal side of a pool (_stream_signal.h, included after this file). */
@@ -51,6 +59,8 @@ static inline void cpu_relax(void) {
 static void pool_unref(Pool *pool) {
     if (atomic_fetch_sub(&pool->refs, 1) == 1) {
         signals_free(pool);
+        if (pool->budget) nb_unref(pool->budget);
+        for (int i = 0; i < pool->nretired; i++) nb_unref(pool->retired[i]);
         free(pool->threads);
         free(pool);
     }
@@ -129,6 +139,7 @@ static Job *job_with_work(Pool *pool) {
  * microseconds in a VM, as much as a decode-size gather. */
 static void *worker_main(void *arg) {
     Pool *pool = arg;
+    if (pool->budget) return budget_worker_main(pool);  /* node budget hook */
     int64_t idle_until = now_ns() + IDLE_SPIN_NS;
     for (;;) {
         while (!atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop)) {
@@ -213,6 +224,10 @@ static int64_t chunk_blocks(const Job *job, int64_t chunk) {
 
 /* Gather alongside the workers until every block of `chunk` is in staging. */
 static void job_wait_chunk(Job *job, int64_t chunk) {
+    if (job->pool && job->pool->budget) {  /* node budget hook */
+        budget_wait_chunk(job, chunk);
+        return;
+    }
     int64_t need = chunk_blocks(job, chunk);
     int spins = 0;
     while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need)

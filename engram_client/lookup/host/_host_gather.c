@@ -52,6 +52,7 @@ static PyObject *err_class(void) { return error_class ? error_class : PyExc_Runt
 #include "_gather_cuda.h"
 #include "_gather_pool.h"
 #include "_stream_signal.h"
+#include "_node_budget.h"
 
 /* ---- GatherPool ----------------------------------------------------------------------------------------- */
 typedef struct {
@@ -84,14 +85,22 @@ static void pool_stop(Pool *pool) {
     signals_orphan(pool);  /* graphs replayed after close must still be answered */
 }
 
+#include "_node_budget_py.h"
+
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"threads", "caller_gathers", NULL};
+    static char *names[] = {"threads", "caller_gathers", "budget", "cpus", NULL};
     int threads, caller_gathers = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|p", names, &threads, &caller_gathers)) return -1;
+    PyObject *budget = Py_None, *cpus = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|pOO", names, &threads, &caller_gathers, &budget, &cpus))
+        return -1;
     if (threads < 1 || threads > 1024) {
         PyErr_Format(PyExc_ValueError, "gather_threads must be between 1 and 1024, got %d", threads);
         return -1;
     }
+    cpu_set_t pin;  /* the workers' CPUs (the budget's, near the GPU): a hint, so a refusal is not an error */
+    NodeBudget *nb = NULL;
+    int pinned = nb_pool_options(budget, cpus, &nb, &pin);
+    if (pinned < 0) return -1;
     if (self->pool) return 0;
     Pool *pool = calloc(1, sizeof(Pool));
     if (!pool || !(pool->threads = calloc((size_t)threads, sizeof(pthread_t)))) {
@@ -104,6 +113,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();
     atomic_store(&pool->refs, 1);
+    if ((pool->budget = nb)) atomic_fetch_add(&nb->refs, 1);
     /* Where the caller gathers too (host functions, CPU gathers), threads - 1 workers give `threads`
      * gatherers; jobs started by stream signals have no such caller, so they get `threads` workers. */
     int workers = caller_gathers ? threads - 1 : threads;
@@ -117,6 +127,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
             return -1;
         }
         pthread_setname_np(pool->threads[i], "engram-gather");  /* how tests and operators count them */
+        if (pinned) pthread_setaffinity_np(pool->threads[i], sizeof pin, &pin);
         pool->nthreads = i + 1;
     }
     pool->started = 1;
@@ -195,6 +206,7 @@ static PyMethodDef pool_methods[] = {
      "gather(table, row_lo, row_hi, row_bytes, ids, ids64, n, out, counter) -> ids out of range.\n"
      "Addresses are ints; counter is the address of an int64 to add the bad count to, or 0."},
     {"close", (PyCFunction)pool_close, METH_NOARGS, "Stop and join the workers (idempotent)."},
+    NB_POOL_METHODS
     {NULL}};
 
 static PyGetSetDef pool_getset[] = {
@@ -203,6 +215,7 @@ static PyGetSetDef pool_getset[] = {
     {"jobs_run", (getter)pool_get_jobs_run, NULL, "jobs finished so far", NULL},
     {"caller_gathers", (getter)pool_get_caller_gathers, NULL,
      "whether the calling thread is one of the gatherers (else: stream-signalled jobs)", NULL},
+    {"budgeted", (getter)pool_get_budgeted, NULL, "whether it gathers on the node's budget", NULL},
     {NULL}};
 
 static PyTypeObject PoolType = {
@@ -292,6 +305,7 @@ PyMODINIT_FUNC PyInit__host_gather(void) {
     if (PyModule_AddObjectRef(module, "GatherPool", (PyObject *)&PoolType) < 0 ||
         PyModule_AddObjectRef(module, "StagedJob", (PyObject *)&StagedJobType) < 0 ||
         PyModule_AddObjectRef(module, "SignalTestSlot", (PyObject *)&SignalTestSlotType) < 0 ||
+        nb_add_to_module(module) < 0 ||
         PyModule_AddIntConstant(module, "MAX_CHUNKS", MAX_CHUNKS) < 0) {
         Py_DECREF(module);
         return NULL;

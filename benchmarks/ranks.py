@@ -1,0 +1,273 @@
+"""Many ranks on one node: the scheduled gather budget against every rank sizing its pool alone.
+
+    python -m benchmarks.ranks [--table-gib 32] [--ranks 1,4,8] [--seconds 3] [--modes budget,alone]
+                               [--device cuda:0] [--json out.json] [--markdown]
+
+Starts one daemon on a demo table built in memory (no checkpoint on disk), then, for each mode,
+max(--ranks) rank processes on --device: "budget" ranks draw on the daemon's default gather
+budget; "alone" ranks pass gather_budget=False and size their pools as before the budget
+(default_gather_threads: every CPU they may use, less one, per GPU).  For each mode and each N
+in --ranks, N ranks loop lookups back to back for --seconds, started together, with fresh
+uniform ids drawn on the GPU before each call (not timed): 6,144 rows each, 393,216 rows each,
+and (N >= 2) mixed, rank 0 at 393,216 while the others decode 6,144.  A call is timed from
+``prefetch`` to the end of a blocking-sync event after ``wait()`` (the caller's thread sleeps
+rather than spins, as an engine's would while the GPU runs its step).  Reported per rank:
+median and p90 per call, calls; per case: node rows/s (calls completed in the window x rows /
+window), the spread of the ranks' medians; the budget's peak of concurrently gathering threads;
+and each target of issue 19, judged on this run's figures.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import time
+
+from benchmarks.common import write_json
+
+DECODE, PREFILL = 6144, 393216
+ENGINE = 0  # "rows" of a decode-step probe: a 6,144-row prefetch beside a chain of layer-sized matmuls
+ENGINE_LAYERS, ENGINE_HIDDEN, ENGINE_BATCH = 48, 2048, 256
+MIN_CALL_S = {DECODE: 0.15e-3, PREFILL: 4e-3}  # faster than one rank alone on the H200 machine
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(-(-q * len(ordered) // 100)) - 1))]
+
+
+def rank_main(endpoint: str, device: str, budget: bool, conn) -> None:
+    """One rank: attach, then run what the controller asks, reporting per-call times."""
+    import torch
+
+    from engram_client import EngramClient
+
+    client = EngramClient(endpoint=endpoint, device=device, timeout=600, lookup_path="host", gather_budget=budget)
+    table = client.table(client.layers[0])
+    cuda = torch.device(device).type == "cuda"
+    done = torch.cuda.Event(blocking=True) if cuda else None
+
+    def fence() -> None:
+        if cuda:
+            done.record()
+            done.synchronize()
+
+    for rows in (DECODE, PREFILL):  # warm: the first calls of a size grow the staging slots
+        for _ in range(3):
+            table.prefetch(torch.randint(0, table.num_rows, (rows,), device=device)).wait()
+    fence()
+    weights = [torch.randn(ENGINE_HIDDEN, ENGINE_HIDDEN, device=device, dtype=torch.bfloat16) / 45
+               for _ in range(ENGINE_LAYERS)] if cuda else []
+    hidden = torch.randn(ENGINE_BATCH, ENGINE_HIDDEN, device=device, dtype=torch.bfloat16) if cuda else None
+
+    def engine_step(ids) -> None:
+        """Engram's lookup prefetched at the step's start, waited for after the first layer."""
+        handle, x = table.prefetch(ids), hidden
+        for index, weight in enumerate(weights):
+            x = torch.nn.functional.gelu(x @ weight)
+            if index == 0:
+                rows = handle.wait()
+                x[:, :rows.shape[1]] += rows[:ENGINE_BATCH]
+    conn.send({"threads": client.lookup_config.gather_threads, "words": client.gather_budget})
+    while True:
+        order = conn.recv()
+        if order is None:
+            break
+        rows, start_at, seconds = order
+        # Fresh ids for every call, drawn before the window (enough for calls this size could take
+        # at the one-rank speed; reused from the start beyond that, which no case here reaches).
+        count = max(16, int(seconds / (MIN_CALL_S[rows] if rows in MIN_CALL_S else 2e-3)))
+        pool = torch.randint(0, table.num_rows, (count, rows or DECODE), device=device, dtype=torch.int32)
+        fence()
+        end_at, times = start_at + seconds, []
+        while time.monotonic() < start_at:
+            time.sleep(0.0005)
+        while True:
+            ids = pool[len(times) % count]
+            t0 = time.monotonic()
+            if t0 >= end_at:
+                break
+            if rows == ENGINE:
+                engine_step(ids)
+            else:
+                table.prefetch(ids).wait()
+            fence()
+            t1 = time.monotonic()
+            if t1 > end_at:
+                break
+            times.append(t1 - t0)
+        conn.send({"rows": rows, "times_ms": [t * 1e3 for t in times]})
+    stats = client._state.seat.report() if client._state.seat is not None else None
+    client.close()
+    conn.send({"budget": stats})
+
+
+def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: float) -> dict:
+    context = multiprocessing.get_context("spawn")
+    ranks = []
+    for _ in range(max(counts)):
+        parent, child = context.Pipe()
+        proc = context.Process(target=rank_main, args=(endpoint, device, mode == "budget", child), daemon=True)
+        proc.start()
+        ranks.append((proc, parent))
+    hello = [conn.recv() for _, conn in ranks]
+    cases = []
+    for n in counts:
+        plans = [("6,144", [DECODE] * n), ("393,216", [PREFILL] * n)]
+        if n >= 2:
+            plans.append(("mixed", [PREFILL] + [DECODE] * (n - 1)))
+        if n == 4 and device.startswith("cuda") and len(ranks) >= 4:
+            plans += [("step alone", [ENGINE]), ("step + 3 prefill", [ENGINE] + [PREFILL] * 3)]
+        for name, sizes in plans:
+            start_at = time.monotonic() + 0.5
+            for (_, conn), rows in zip(ranks, sizes):
+                conn.send((rows, start_at, seconds))
+            replies = [conn.recv() for (_, conn), _ in zip(ranks, sizes)]
+            per_rank = [{"rows": r["rows"], "calls": len(r["times_ms"]),
+                         "median_ms": statistics.median(r["times_ms"]) if r["times_ms"] else float("nan"),
+                         "p90_ms": _percentile(r["times_ms"], 90) if r["times_ms"] else float("nan")}
+                        for r in replies]
+            cases.append({"case": name, "ranks": len(sizes), "per_rank": per_rank,
+                          "node_Mrows_s": sum(r["calls"] * (r["rows"] or DECODE) for r in per_rank) / seconds / 1e6})
+            print(f"{mode:>6} {n} x {name:<8} node {cases[-1]['node_Mrows_s']:6.1f} M rows/s  " +
+                  "  ".join(f"{r['median_ms']:.2f}/{r['p90_ms']:.2f}" for r in per_rank), flush=True)
+    for _, conn in ranks:
+        conn.send(None)
+    budgets = [conn.recv()["budget"] for _, conn in ranks]
+    for proc, _ in ranks:
+        proc.join(timeout=60)
+    return {"mode": mode, "threads": [h["threads"] for h in hello], "words": hello[0]["words"], "cases": cases,
+            "rank_budgets": budgets}
+
+
+def find(results: dict, mode: str, case: str, ranks: int) -> dict | None:
+    for entry in results["modes"]:
+        if entry["mode"] == mode:
+            return next((c for c in entry["cases"] if c["case"] == case and c["ranks"] == ranks), None)
+    return None
+
+
+def judge(results: dict) -> list[dict]:
+    """Issue 19's targets, each with this run's figure and whether it is met."""
+    out = []
+
+    def target(what: str, figure, goal: str, met) -> None:
+        out.append({"target": what, "figure": figure, "goal": goal, "met": met})
+    one_pre, one_dec = find(results, "budget", "393,216", 1), find(results, "budget", "6,144", 1)
+    four_pre, eight_dec = find(results, "budget", "393,216", 4), find(results, "budget", "6,144", 8)
+    if one_pre and four_pre:
+        ratio = four_pre["node_Mrows_s"] / one_pre["node_Mrows_s"]
+        target("node rows/s, 4 ranks busy at 393,216 / one rank's", f"{ratio:.2f}x", ">= 0.95x", ratio >= 0.95)
+        worst = max(r["median_ms"] for r in four_pre["per_rank"]) / one_pre["per_rank"][0]["median_ms"]
+        target("per-rank median at 393,216, 4 busy ranks / one rank's", f"{worst:.2f}x", "<= 4.4x", worst <= 4.4)
+    if eight_dec:
+        node = eight_dec["node_Mrows_s"]
+        target("node rows/s, 8 ranks busy at 6,144", f"{node:.1f} M", ">= 50 M", node >= 50)
+    budget_modes = [e for e in results["modes"] if e["mode"] == "budget"]
+    if not budget_modes:
+        return out
+    cases = budget_modes[0]["cases"]
+    cases = [c for c in cases if not c["case"].startswith("step") and all(r["calls"] for r in c["per_rank"])]
+    tail = max(r["p90_ms"] / r["median_ms"] for c in cases for r in c["per_rank"])
+    target("p90 / median per rank, every case (budget)", f"{tail:.2f}x", "<= 1.3x", tail <= 1.3)
+    spread = max(max(r["median_ms"] for r in c["per_rank"]) / statistics.mean(r["median_ms"] for r in c["per_rank"])
+                 for c in cases if c["case"] != "mixed")
+    target("slowest rank's median / the mean, uniform cases (budget)", f"{spread:.2f}x", "<= 1.25x", spread <= 1.25)
+    for n in (4, 8):
+        mixed = find(results, "budget", "mixed", n)
+        if mixed and one_dec:
+            worst = max(r["p90_ms"] for r in mixed["per_rank"][1:]) / one_dec["per_rank"][0]["p90_ms"]
+            target(f"mixed, {n} ranks: decoding ranks' p90 / one decoding rank's p90 alone", f"{worst:.2f}x", "<= 2x",
+                   worst <= 2)
+    for case, ref in (("393,216", one_pre), ("6,144", one_dec)):
+        alone = find(results, "alone", case, 1)
+        if alone and ref:
+            ratio = ref["per_rank"][0]["median_ms"] / alone["per_rank"][0]["median_ms"]
+            target(f"one rank alone at {case}: budget median / every-rank-alone median", f"{ratio:.2f}x",
+                   "<= 1.0x (no slower)", ratio <= 1.02)
+    for mode in ("budget", "alone"):
+        alone, busy = find(results, mode, "step alone", 1), find(results, mode, "step + 3 prefill", 4)
+        if alone and busy:
+            ratio = busy["per_rank"][0]["median_ms"] / alone["per_rank"][0]["median_ms"]
+            target(f"decode-step probe ({mode}): step beside 3 prefilling ranks / alone", f"{ratio:.2f}x", "<= 1.05x",
+                   ratio <= 1.05)
+    peak, tokens = results.get("budget_peak"), results.get("budget_tokens")
+    if peak is not None:
+        target("gathering threads at once on the node (budget)", f"{peak} of {tokens} tokens", "never more than the "
+               "budget", peak <= tokens)
+    return out
+
+
+def markdown(results: dict) -> str:
+    lines = ["| mode | ranks | case | node M rows/s | per-rank median ms | per-rank p90 ms |",
+             "| --- | ---: | --- | ---: | --- | --- |"]
+    for entry in results["modes"]:
+        for c in entry["cases"]:
+            med = " / ".join(f"{r['median_ms']:.2f}" for r in c["per_rank"])
+            p90 = " / ".join(f"{r['p90_ms']:.2f}" for r in c["per_rank"])
+            lines.append(f"| {entry['mode']} | {c['ranks']} | {c['case']} | {c['node_Mrows_s']:.1f} | {med} | {p90} |")
+    lines += ["", "| target | this run | goal | met |", "| --- | ---: | --- | --- |"]
+    lines += [f"| {t['target']} | {t['figure']} | {t['goal']} | {'met' if t['met'] else 'not met'} |"
+              for t in results["targets"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table-gib", type=float, default=32.0)
+    parser.add_argument("--load-threads", type=int, default=16)
+    parser.add_argument("--ranks", default="1,4,8")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--modes", default="budget,alone")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--endpoint", default=None, help="an engramd already serving [default: start one]")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    from engram_client.attach.connection import DaemonConnection
+    from engram_client.core import budget_file
+    from engram_client.attach.readiness import wait_ready
+    from engram_client.tools.bench import start_daemon
+
+    proc, endpoint = None, args.endpoint
+    if endpoint is None:
+        proc, endpoint, _ = start_daemon(args.table_gib, args.load_threads)
+    try:
+        started = time.monotonic()
+        status = wait_ready(DaemonConnection(endpoint), 1800.0, daemon=proc)
+        results = {"table_bytes": status["table_bytes"], "load_s": round(time.monotonic() - started, 1),
+                   "seconds": args.seconds, "device": args.device, "budget": status.get("gather_budget"), "modes": []}
+        counts = [int(n) for n in args.ranks.split(",")]
+        for mode in args.modes.split(","):  # "budget", "alone"; "budget:cpu": the same on device="cpu" lookups
+            name, _, device = mode.partition(":")
+            device = device or args.device
+            entry = run_mode(endpoint, device, name, counts, args.seconds)
+            entry.update(mode=mode, device=device)
+            results["modes"].append(entry)
+            write_json(args.json, results)  # what a run cut short still leaves
+        spec = results["budget"]
+        if spec:
+            fd = budget_file.receive(spec["socket"], 5.0)
+            view = budget_file.BudgetView(fd)
+            results["budget_peak"], results["budget_tokens"] = view.group(0)["peak"], view.tokens[0]
+            view.close()
+            from engram_client.lookup.host import _host_gather
+
+            watcher = _host_gather.NodeBudget(fd, 0, view.tokens[0], budget_file.MAX_SLOTS)
+            results["syscall_ns"] = watcher.syscall_costs(20000)  # what the budget's calls cost on this machine
+            del watcher
+            os.close(fd)
+        results["targets"] = judge(results)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=120)
+    write_json(args.json, results)
+    if args.markdown:
+        print(markdown(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

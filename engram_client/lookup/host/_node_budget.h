@@ -1,0 +1,272 @@
+/* The node's gather budget: tokens every rank's pool draws on (included by _host_gather.c).
+ *
+ * engramd creates the budget as a sealed memfd (it can neither shrink nor grow, so no peer can
+ * truncate it under a rank's mapping) and hands it to each rank over a unix socket; the rank
+ * reopens it (its own open file description) and maps it.  engram_client/core/budget_file.py
+ * draws the same layout for the daemon.  A pool attached to a budget gathers a block only while
+ * one of its threads holds a token of its group (one group per NUMA node with budget CPUs):
+ *
+ *     offset      0        header        magic, version, groups, slots, small_rows, tokens per group
+ *                 4096     slots[64]     one per rank process: want/held counts, futex word, counters
+ *                 16384 +  group[g]      decision lock, want/small/holding masks, token owner hints,
+ *                   g*40960              the gathering counter and its peak, the grant log
+ *     lock bytes  1 GiB + s             slot s: held (F_OFD_SETLK, write) by its process while it lives
+ *                 2 GiB + g*1024 + t    token t of group g: held by the thread that gathers on it
+ *
+ * The kernel locks are the truth, everything in the mapping is a hint.  A token is held exactly
+ * when its lock byte is locked; a rank that dies (SIGKILL mid-lookup included, in any pid
+ * namespace) loses its locks at once.  Its hints (held counts, owner words, mask bits) stay until
+ * a waiter or a new slot owner sweeps them: a slot whose liveness byte nobody locks is dead.
+ * A peer that scribbles over the mapping can only mislead the scheduling, never make two threads
+ * hold one token: within a process a private bitmap claims a token before its lock is taken (one
+ * open file description per process, so the kernel alone would not tell our own threads apart).
+ *
+ * Scheduling, decided under the group's lock word (held for a few hundred ns; a holder that keeps
+ * it NB_GLOCK_BREAK_NS is taken over: what it guards is advisory):
+ *   - work-conserving: with nobody else wanting, a slot takes every free token;
+ *   - small first: a prefill worker takes a token only if more are free than slots wait with a
+ *     decode-size job (at most small_rows rows), and yields at the next block boundary while one waits;
+ *   - fair: fair = ceil(tokens / active slots); a slot at its fair share takes no token while a slot
+ *     below it waits, and one above it yields at a block boundary;
+ *   - round robin: among waiting slots, the one served least recently goes first; once per
+ *     NB_QUANTUM_NS in the group, one holder yields to a slot holding fewer tokens (so the odd
+ *     token of an uneven split goes round without every holder letting go at once).
+ * Waiters sleep on their slot's futex word (bounded: NB_WAIT_NS) and a release wakes the slot
+ * that is next.  A slot that has waited NB_STARVE_NS holding nothing (a peer keeps the tokens
+ * locked) gathers without a token for NB_OVERDRAFT_NS, counted: no peer stalls a rank for longer.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+
+#define NB_MAGIC 0x3147445542474e45ULL  /* "ENGBUDG1" */
+#define NB_VERSION 1
+#define NB_MAX_SLOTS 64
+#define NB_MAX_GROUPS 8
+#define NB_MAX_TOKENS 1024
+#define NB_LOG 1024
+#define NB_SLOTS_AT 4096
+#define NB_SLOT_BYTES 128
+#define NB_GROUPS_AT 16384
+#define NB_GROUP_BYTES 40960
+#define NB_FILE_BYTES (NB_GROUPS_AT + NB_MAX_GROUPS * NB_GROUP_BYTES)
+#define NB_SLOT_LOCK(s) ((off_t)1 << 30 | (off_t)(s))
+#define NB_TOKEN_LOCK(g, t) (((off_t)2 << 30) + (off_t)(g) * NB_MAX_TOKENS + (t))
+#define NB_WAIT_NS 2000000LL           /* a waiter re-checks at least this often (wake-ups are targeted) */
+#define NB_WAITER_SPIN_NS 100000LL     /* the job's own thread polls this long before it sleeps */
+#define NB_SWEEP_NS 2000000LL          /* ... and looks for dead slots after waiting this long */
+#define NB_STARVE_NS 1000000000LL      /* holding nothing this long: the tokens are kept from us */
+#define NB_OVERDRAFT_NS 10000000000LL  /* then gather without tokens this long before trying again */
+#define NB_GLOCK_BREAK_NS 50000000LL
+#define NB_FOREIGN_NS 10000000LL       /* a token locked outside the hints is skipped this long */
+#define NB_QUANTUM_NS 1000000LL        /* the group rotates one token this often, at most */
+#define NB_QUANTUM_MIN_BLOCKS 8
+#define NB_NONE (-2)
+#define NB_OVERDRAFT (-1)
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, file_bytes, groups, slots, small_rows, reserved;
+    uint32_t tokens[NB_MAX_GROUPS];
+} NbHeader;
+
+typedef struct {
+    _Atomic uint32_t seq, sleepers;        /* futex word: bumped to wake this slot's waiting workers */
+    _Atomic int32_t want, want_small, held, group, pid, reserved;
+    _Atomic uint64_t last_grant;           /* the group's grant number at this slot's last grant */
+    _Atomic uint64_t rows, wait_ns, acquired, yields, overdraft, small_waits, small_wait_blocks_max;
+} NbSlot;
+
+typedef struct {
+    uint64_t seq, want_mask, small_mask;   /* seq = grant number (0: never written) */
+    uint16_t slot, token, held_after;
+    uint8_t small, how;                    /* how: 0 a token, 1 overdraft, 2 refused by the kernel */
+} NbGrant;
+
+typedef struct {
+    _Atomic uint64_t lock, lock_count, breaks;
+    _Atomic uint64_t want_mask, small_mask, holding_mask;
+    _Atomic uint64_t grants, big_blocks, sweeps;
+    _Atomic int32_t gathering, peak;
+    _Atomic int64_t rotate_at;             /* the next quantum rotation may happen from then on */
+    uint8_t pad[256 - 9 * 8 - 8 - 8];
+    _Atomic uint32_t owner[NB_MAX_TOKENS]; /* slot + 1 holding the token, 0 free (a hint) */
+    NbGrant log[NB_LOG];
+} NbGroup;
+
+_Static_assert(sizeof(NbGrant) == 32, "grant record is 32 bytes");
+_Static_assert(sizeof(NbSlot) <= NB_SLOT_BYTES, "slot record too large");
+_Static_assert(sizeof(NbGroup) <= NB_GROUP_BYTES, "group record too large");
+
+typedef struct NodeBudget {
+    uint8_t *map;
+    int fd, group, slot, tokens, slots, small_rows;
+    uint64_t bit;
+    NbGroup *g;
+    NbSlot *s;
+    atomic_ulong mine[NB_MAX_TOKENS / 64];  /* tokens this process holds: private, so no peer can forge it */
+    _Atomic int64_t foreign_until[NB_MAX_TOKENS];
+    _Atomic int64_t last_sweep, overdraft_until;
+    _Atomic int overdraft_now;
+    _Atomic int held_here, want_here, small_here;  /* this process's own counts: what its slot should say */
+    _Atomic int yielding;                  /* holders of this process giving a token back now */
+    atomic_uint cursor;
+    atomic_uint done_seq;                  /* waiters sleep on it (process-private futex) */
+    atomic_int done_sleepers;
+    long generation;
+    atomic_int refs;
+    struct NodeBudget *next_all;
+} NodeBudget;
+
+static NodeBudget *nb_all;                 /* every budget of this process, for the fork handler */
+static pthread_mutex_t nb_all_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline NbSlot *nb_slot(const NodeBudget *b, int s) {
+    return (NbSlot *)(b->map + NB_SLOTS_AT + (size_t)s * NB_SLOT_BYTES);
+}
+
+static long nb_futex(_Atomic uint32_t *addr, int op, uint32_t val, int64_t timeout_ns) {
+    struct timespec ts = {timeout_ns / 1000000000, timeout_ns % 1000000000};
+    return syscall(SYS_futex, addr, op, val, timeout_ns > 0 ? &ts : NULL, NULL, 0);
+}
+
+static int nb_ofd(int fd, int cmd, short type, off_t at) {
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = at, .l_len = 1, .l_pid = 0};
+    if (fcntl(fd, cmd, &fl) != 0) return -1;
+    return cmd == F_OFD_GETLK ? fl.l_type : 0;
+}
+
+static inline int nb_usable(const NodeBudget *b) {
+    return b->fd >= 0 && b->generation == atomic_load(&fork_generation);
+}
+
+static inline int nb_ceil_div(int a, int b) { return b > 0 ? (a + b - 1) / b : a; }
+
+/* ---- the decision lock ------------------------------------------------------------------------ */
+static uint64_t nb_glock_group(NbGroup *g, int slot) {
+    uint64_t mine = (atomic_fetch_add(&g->lock_count, 1) + 1) << 8 | (uint64_t)(slot + 1);
+    uint64_t seen = 0;
+    int64_t seen_at = 0;
+    for (int spins = 0;; spins++) {
+        uint64_t expected = 0;
+        if (atomic_compare_exchange_weak(&g->lock, &expected, mine)) return mine;
+        if (expected != seen) {
+            seen = expected, seen_at = now_ns();
+        } else if (spins % 64 == 0 && now_ns() - seen_at > NB_GLOCK_BREAK_NS &&
+                   atomic_compare_exchange_strong(&g->lock, &expected, mine)) {
+            atomic_fetch_add(&g->breaks, 1);  /* its holder died or never lets go: take it over */
+            return mine;
+        }
+        if (spins < 256) cpu_relax(); else sched_yield();
+    }
+}
+
+static void nb_gunlock_group(NbGroup *g, uint64_t mine) {
+    uint64_t expected = mine;
+    atomic_compare_exchange_strong(&g->lock, &expected, 0);  /* not ours any more: taken over */
+}
+
+static inline uint64_t nb_glock(NodeBudget *b) { return nb_glock_group(b->g, b->slot); }
+static inline void nb_gunlock(NodeBudget *b, uint64_t key) { nb_gunlock_group(b->g, key); }
+
+/* ---- reading the group ------------------------------------------------------------------------ */
+static int nb_held_total(const NodeBudget *b) {
+    uint64_t mask = atomic_load(&b->g->holding_mask);
+    int total = 0;
+    while (mask) {
+        int i = __builtin_ctzll(mask);
+        mask &= mask - 1;
+        if (i < b->slots) {
+            int h = atomic_load(&nb_slot(b, i)->held);
+            total += h > 0 && h <= b->tokens ? h : 0;
+        }
+    }
+    return total;
+}
+
+static int nb_fair(const NodeBudget *b) {
+    uint64_t active = atomic_load(&b->g->want_mask) | atomic_load(&b->g->holding_mask) | b->bit;
+    if (b->slots < 64) active &= (1ULL << b->slots) - 1;
+    return nb_ceil_div(b->tokens, __builtin_popcountll(active));
+}
+
+/* Whether this slot may take a free token now (lock held). */
+static int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
+    NbGroup *g = b->g;
+    int free = b->tokens - nb_held_total(b);
+    if (free <= 0) return 0;
+    uint64_t others = atomic_load(&g->want_mask) & ~b->bit;
+    if (b->slots < 64) others &= (1ULL << b->slots) - 1;
+    if (!others) return 1;
+    if (uncontended_only) return 0;
+    uint64_t smalls = atomic_load(&g->small_mask) & others;
+    if (!small && free <= __builtin_popcountll(smalls)) return 0;
+    uint64_t rivals = small ? smalls : others;
+    int fair = nb_fair(b), held = atomic_load(&b->held_here), older = 0, below = 0;
+    uint64_t last = atomic_load(&b->s->last_grant);
+    for (uint64_t m = rivals; m; m &= m - 1) {
+        NbSlot *x = nb_slot(b, __builtin_ctzll(m));
+        int xh = atomic_load(&x->held);
+        below |= xh < fair;
+        older += xh <= held && atomic_load(&x->last_grant) < last;
+    }
+    if (held >= fair && below) return 0;
+    return free > older;
+}
+
+/* The waiting slot a released token should go to: small jobs first, then the least recently served. */
+static int nb_next_waiter(const NodeBudget *b) {
+    NbGroup *g = b->g;
+    uint64_t want = atomic_load(&g->want_mask), small = atomic_load(&g->small_mask) & want;
+    uint64_t pool = small ? small : want;
+    if (b->slots < 64) pool &= (1ULL << b->slots) - 1;
+    int best = -1;
+    uint64_t best_last = UINT64_MAX;
+    for (uint64_t m = pool; m; m &= m - 1) {
+        int i = __builtin_ctzll(m);
+        uint64_t last = atomic_load(&nb_slot(b, i)->last_grant);
+        if (last < best_last) best = i, best_last = last;
+    }
+    return best;
+}
+
+static void nb_wake_slot(NodeBudget *b, int s) {
+    NbSlot *x = nb_slot(b, s);
+    atomic_fetch_add(&x->seq, 1);
+    if (atomic_load(&x->sleepers)) nb_futex(&x->seq, FUTEX_WAKE, 1, 0);
+}
+
+static void nb_log(NodeBudget *b, uint64_t seq, int token, int small, int how) {
+    NbGrant *e = &b->g->log[seq % NB_LOG];
+    e->want_mask = atomic_load(&b->g->want_mask);
+    e->small_mask = atomic_load(&b->g->small_mask);
+    e->slot = (uint16_t)b->slot, e->token = (uint16_t)(token < 0 ? 0xFFFF : token);
+    e->held_after = (uint16_t)atomic_load(&b->s->held), e->small = (uint8_t)small, e->how = (uint8_t)how;
+    __atomic_store_n(&e->seq, seq, __ATOMIC_RELEASE);
+}
+
+/* ---- dead slots --------------------------------------------------------------------------------- */
+static int nb_slot_alive(const NodeBudget *b, int s) {
+    int type = nb_ofd(b->fd, F_OFD_GETLK, F_WRLCK, NB_SLOT_LOCK(s));
+    return type != F_UNLCK;  /* an error counts as alive: never clear what we cannot judge */
+}
+
+/* Forget slot s's hints in group g (lock of g held). */
+static void nb_clear_slot(NodeBudget *b, NbGroup *g, int s) {
+    uint64_t bit = 1ULL << s;
+    NbSlot *x = nb_slot(b, s);
+    atomic_store(&x->held, 0), atomic_store(&x->want, 0), atomic_store(&x->want_small, 0);
+    atomic_fetch_and(&g->want_mask, ~bit), atomic_fetch_and(&g->small_mask, ~bit);
+    atomic_fetch_and(&g->holding_mask, ~bit);
+    for (int t = 0; t < NB_MAX_TOKENS; t++) {
+        uint32_t expected = (uint32_t)s + 1;
+        atomic_compare_exchange_strong(&g->owner[t], &expected, 0);
+    }
+}
+
+#include "_node_budget_tokens.h"
+#include "_node_budget_pool.h"
+#include "_node_budget_open.h"

@@ -1,0 +1,152 @@
+/* The node budget's hooks into the gather pool (included by _node_budget.h): a worker's loop and the
+ * waiting thread's part, both gathering only on tokens (see _node_budget.h for the rules). */
+static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
+    int64_t block = atomic_fetch_add(&job->next_block, 1);
+    if (block >= job->nblocks) return 0;
+    if (block == job->nblocks - 1 && atomic_load(&b->s->sleepers)) {
+        /* The job's last block is handed out: our workers still waiting for a token for it may go. */
+        atomic_fetch_add(&b->s->seq, 1);
+        nb_futex(&b->s->seq, FUTEX_WAKE, INT32_MAX, 0);
+    }
+    if (counted) {
+        int now = atomic_fetch_add(&b->g->gathering, 1) + 1, peak = atomic_load(&b->g->peak);
+        while (now > peak && !atomic_compare_exchange_weak(&b->g->peak, &peak, now)) {}
+    }
+    gather_block(job, block);
+    if (counted) atomic_fetch_sub(&b->g->gathering, 1);
+    int64_t lo = block * job->block_rows;
+    atomic_fetch_add_explicit(&b->s->rows, (uint64_t)(job->n - lo < job->block_rows ? job->n - lo : job->block_rows),
+                              memory_order_relaxed);
+    if (!small) atomic_fetch_add_explicit(&b->g->big_blocks, 1, memory_order_relaxed);
+    int64_t chunk = block / job->chunk_blocks;
+    atomic_thread_fence(memory_order_seq_cst);  /* the block's count before the sleeper check (see budget_wait_chunk) */
+    if (atomic_load(&b->done_sleepers) && atomic_load(&job->chunk_done[chunk]) >= chunk_blocks(job, chunk)) {
+        atomic_fetch_add(&b->done_seq, 1);
+        nb_futex((_Atomic uint32_t *)&b->done_seq, FUTEX_WAKE_PRIVATE, INT32_MAX, 0);
+    }
+    return 1;
+}
+
+static int nb_pool_has_work(void *arg) {  /* a listed job with blocks left (exhausted ones are unlisted) */
+    Pool *pool = arg;
+    if (!atomic_load(&pool->listed_jobs) || atomic_load(&pool->stop)) return 0;
+    pthread_mutex_lock(&pool->lock);
+    int work = job_with_work(pool) != NULL;
+    pthread_mutex_unlock(&pool->lock);
+    return work;
+}
+
+static int nb_job_has_blocks(void *arg) {
+    Job *job = arg;
+    return atomic_load(&job->next_block) < job->nblocks;
+}
+
+/* The worker loop of a pool on a budget (the hook in worker_main).  A worker without a token
+ * sleeps; it takes one when jobs are listed (or, to answer a pre-wake, when nobody else wants
+ * one), gathers while it holds it, yields it at block boundaries when the budget says so, and
+ * after its last job lingers, holding it, only while nobody else waits. */
+static void *budget_worker_main(Pool *pool) {
+    NodeBudget *b = pool->budget;
+    int tok = NB_NONE;
+    int64_t linger_until = 0, answered = 0;
+    while (!atomic_load(&pool->stop)) {
+        if (tok == NB_NONE) {
+            b = atomic_load(&pool->budget);  /* a new daemon's budget (set_budget) from the next token on */
+            pthread_mutex_lock(&pool->lock);
+            while (!atomic_load(&pool->stop) && !atomic_load(&pool->listed_jobs)) {
+                int64_t spin = atomic_load(&pool->spin_until);
+                if (spin != answered && spin > now_ns()) break;
+                /* A graph replay's job is announced by no host call: while stream signals are
+                 * registered, one idle worker watches their words instead of sleeping (_signal_watch.h). */
+                if (signals_watch(pool)) continue;
+                pool->sleepers++;
+                pthread_cond_wait(&pool->wake, &pool->lock);
+                pool->sleepers--;
+            }
+            int listed = atomic_load(&pool->listed_jobs);
+            int small = pool->head == NULL || pool->head->n <= b->small_rows;
+            pthread_mutex_unlock(&pool->lock);
+            if (atomic_load(&pool->stop)) break;
+            if (!listed) {  /* a pre-wake: be awake for the job, but only on a token nobody else wants */
+                answered = atomic_load(&pool->spin_until);
+                linger_until = answered;
+                if ((tok = nb_try(b, 1, 1)) == NB_NONE) continue;
+            } else if ((tok = nb_acquire(b, small, nb_pool_has_work, pool)) == NB_NONE) {
+                continue;
+            }
+        }
+        if (atomic_load(&pool->listed_jobs)) {
+            pthread_mutex_lock(&pool->lock);
+            Job *job = job_with_work(pool);
+            if (job) atomic_fetch_add(&job->users, 1);
+            pthread_mutex_unlock(&pool->lock);
+            if (job) {
+                int small = job->n <= b->small_rows, yielded = 0;
+                int64_t blocks = 0;
+                while (budget_take_block(b, job, tok >= 0, small))
+                    if ((yielded = nb_should_yield(b, tok, small, ++blocks))) break;
+                job_leave(job);  /* the last worker off a signalled job ends its run (_stream_signal.h) */
+                if (yielded) {
+                    nb_release(b, tok, yielded);
+                    tok = NB_NONE;
+                }
+                linger_until = now_ns() + IDLE_SPIN_NS;
+                continue;
+            }
+        }
+        int64_t now = now_ns(), spin = atomic_load(&pool->spin_until);
+        if (tok >= 0 && (now < linger_until || now < spin) && !(atomic_load(&b->g->want_mask) & ~b->bit)) {
+            if (signals_poll(pool)) continue;  /* a stream armed a job: it is listed now */
+            for (int i = 0; i < 32; i++) cpu_relax();
+            continue;
+        }
+        nb_release(b, tok, 0);
+        tok = NB_NONE;
+    }
+    if (tok != NB_NONE) nb_release(b, tok, 0);
+    return NULL;
+}
+
+/* The waiter's part on a budget (the hook in job_wait_chunk): it gathers only on a token it can
+ * get at once (the pool's workers wait for theirs), and otherwise sleeps until a block completes
+ * its chunk.  Where no worker will help (one thread, a closed pool, a one-block job that is never
+ * listed) it waits for a token itself. */
+static void budget_wait_chunk(Job *job, int64_t chunk) {
+    Pool *pool = job->pool;
+    NodeBudget *b = pool->budget;
+    const int64_t need = chunk_blocks(job, chunk);
+    const int small = job->n <= b->small_rows;
+    int tok = NB_NONE;
+    int64_t blocks = 0;
+    while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need) {
+        /* No worker will help with a job that was never listed (one block), nor in a pool without them. */
+        int alone = pool->nthreads == 0 || !pool_usable(pool) || !job->listed;
+        if (tok == NB_NONE && atomic_load(&job->next_block) < job->nblocks)
+            tok = alone ? nb_acquire(b, small, nb_job_has_blocks, job) : nb_try(b, small, 0);
+        if (tok != NB_NONE) {
+            if (budget_take_block(b, job, tok >= 0, small)) {
+                int why = nb_should_yield(b, tok, small, ++blocks);
+                if (why) {
+                    nb_release(b, tok, why);
+                    tok = NB_NONE, blocks = 0;
+                }
+                continue;
+            }
+            nb_release(b, tok, 0);
+            tok = NB_NONE;
+        }
+        /* Poll a little first: a wake-up through the kernel costs tens of microseconds in a VM,
+         * as much as a decode-size call's gather. */
+        int64_t spin_until = now_ns() + NB_WAITER_SPIN_NS;
+        while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need && now_ns() < spin_until)
+            for (int i = 0; i < 32; i++) cpu_relax();
+        if (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) >= need) break;
+        uint32_t seen = atomic_load(&b->done_seq);
+        atomic_fetch_add(&b->done_sleepers, 1);
+        if (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need)
+            nb_futex((_Atomic uint32_t *)&b->done_seq, FUTEX_WAIT_PRIVATE, seen, alone ? NB_WAIT_NS : 100000);
+        atomic_fetch_sub(&b->done_sleepers, 1);
+    }
+    if (tok != NB_NONE) nb_release(b, tok, 0);
+}
+

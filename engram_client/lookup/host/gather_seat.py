@@ -1,0 +1,168 @@
+"""A rank's seat on the node's gather budget: its group, its CPUs, its pool, and what it is told.
+
+The attach reply (protocol 1.3) describes the budget engramd hands out: groups of CPUs, one per
+NUMA node, each a number of tokens.  A rank takes the group of its GPU's NUMA node (from the
+GPU's PCI address in sysfs; a CPU rank, or a GPU sysfs does not place, takes the group holding
+most of the CPUs it may run on), receives the budget's memory (engram_client/core/budget_file.py)
+and starts its pool on it: its workers are pinned to the group's CPUs and gather only while
+they hold a token (engram_client/lookup/host/_node_budget.h).  By default the pool has as many threads as
+the group has tokens, so a rank alone may use all of them.
+
+``gather_threads`` given by the caller still sizes the pool; the seat says in words what that
+means beside the budget.  Without a budget (a daemon run with --gather-cpus off, or one older
+than 1.3) or without a seat (every slot held) the pool is sized as before, alone.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core import budget_file
+from ...core.errors import EngramError
+
+log = logging.getLogger("engram_client")
+MAX_BUDGET_THREADS = 64  # threads beyond this only wait for tokens: a rank never needs more in flight
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def format_cpus(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    parts, start, prev = [], None, None
+    for cpu in sorted(cpus) + [None]:
+        if start is not None and cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None:
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = cpu
+    return ",".join(parts)
+
+
+def gpu_numa_node(device, sysfs: str = "/sys") -> int | None:
+    """The NUMA node of a CUDA device's PCI function, or None where sysfs does not say."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(torch.device(device))
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:
+        return None
+    address = f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+    try:
+        with open(os.path.join(sysfs, "bus/pci/devices", address, "numa_node")) as f:
+            node = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def choose_group(groups: list[dict], gpu_node: int | None, allowed: set[int]) -> dict:
+    """The GPU's node's group; else the group with most of the CPUs this process may use."""
+    for group in groups:
+        if gpu_node is not None and group["node"] == gpu_node:
+            return group
+    return max(groups, key=lambda g: (len(allowed & set(g["cpus"])), -g["group"]))
+
+
+@dataclass
+class GatherSeat:
+    threads: int
+    explanation: str
+    budget: Any = None  # _host_gather.NodeBudget, or None: the pool sizes itself alone
+    group: dict = field(default_factory=dict)
+    cpus: list[int] | None = None  # where the workers are pinned
+    budget_id: str | None = None
+
+    def report(self) -> dict | None:
+        """The counters a heartbeat carries (engramd/gather_budget.py checks them)."""
+        if self.budget is None:
+            return None
+        stats = self.budget.stats()
+
+        def sane(value):  # counters live in shared memory a peer may scribble on: report them bounded
+            return min(max(value, 0), 2**62)
+        return {"slot": stats["slot"], "group": stats["group"], "tokens": stats["tokens"], "threads": self.threads,
+                "cpus": format_cpus(self.cpus or self.group.get("cpus", [])), "held": sane(stats["held"]),
+                "rows": sane(stats["rows"]), "wait_s": round(float(sane(stats["wait_s"])), 6),
+                "acquired": sane(stats["acquired"]), "yields": sane(stats["yields"]),
+                "overdraft": sane(stats["overdraft"])}
+
+    def open_pool(self, signalled: bool = False):
+        """The pool on this seat.  Where stream memory operations signal the workers (host_signal.py)
+        no host function lends its thread to the gather, so the pool starts ``threads`` workers."""
+        from .host_lookup import _host_gather
+
+        return _host_gather.GatherPool(self.threads, caller_gathers=not signalled, budget=self.budget, cpus=self.cpus)
+
+
+def _open_budget(spec: dict, group: dict, timeout: float):
+    from .host_lookup import _host_gather  # host_lookup gives the C module the project's error classes
+
+    fd = budget_file.receive(spec["socket"], timeout)
+    try:
+        return _host_gather.NodeBudget(fd, group["group"], group["tokens"], spec["slots"])
+    finally:
+        os.close(fd)
+
+
+def take_seat(spec: dict | None, device, requested: int | None, alone_default: int, timeout: float = 5.0,
+              sysfs: str = "/sys") -> GatherSeat:
+    """The seat for one client: ``spec`` is the attach reply's ``budget`` (None: no budget),
+    ``requested`` the caller's gather_threads (None: the budget decides), ``alone_default`` the pool a
+    rank would size for itself."""
+    if not spec or spec.get("version") != budget_file.VERSION or not spec.get("groups"):
+        threads = alone_default if requested is None else requested
+        why = "no node gather budget (the daemon has none, or gather_budget=False)" if not spec else \
+            "the daemon's gather budget is of another version"
+        return GatherSeat(threads, f"{why}: this rank's pool has {threads} gather threads of its own, "
+                                   "sized without regard to other ranks")
+    allowed = os.sched_getaffinity(0)
+    group = choose_group(spec["groups"], gpu_numa_node(device, sysfs), allowed)
+    try:
+        budget = _open_budget(spec, group, timeout)
+    except EngramError as exc:
+        threads = alone_default if requested is None else requested
+        log.warning("could not take a seat on the node's gather budget (%s); this rank gathers with %d threads "
+                    "of its own, beside the budget", exc, threads)
+        return GatherSeat(threads, f"no seat on the node's gather budget ({exc}): {threads} threads of its own")
+    tokens = group["tokens"]
+    threads = min(tokens, MAX_BUDGET_THREADS) if requested is None else requested
+    cpus = sorted(allowed & set(group["cpus"])) or None
+    where = f"group {group['group']} (NUMA node {group['node']}, CPUs {format_cpus(group['cpus'])})"
+    pinned = "" if cpus else "; none of those CPUs is open to this process, so its workers are not pinned"
+    if requested is None:
+        words = (f"gathers on the node's budget: {where}, {_n(tokens, 'token')} shared by every rank; this rank's pool has "
+                 f"{_n(threads, 'thread')}, so alone it may use {_n(min(threads, tokens), 'token')}, and beside busy ranks its "
+                 f"fair share{pinned}")
+    else:
+        words = (f"gather_threads={requested}: this rank's pool has {requested} threads, and they gather only while "
+                 f"holding tokens of the node's budget ({where}, {_n(tokens, 'token')} shared by every rank): it runs at "
+                 f"most {min(requested, tokens)} at once, and beside busy ranks its fair share; "
+                 + ("threads beyond the tokens only wait" if requested > tokens else
+                    "leave gather_threads unset to let a rank alone use every token") + pinned)
+        log.warning("engram_client: %s", words)
+    return GatherSeat(threads, words, budget, group, cpus, spec.get("id"))
+
+
+def move_seat(seat: GatherSeat, pool, spec: dict | None, device, timeout: float = 5.0) -> None:
+    """After a re-attach to another daemon: move the pool to its budget (a new one each boot)."""
+    if seat.budget is None or not spec or spec.get("id") == seat.budget_id or spec.get("version") != budget_file.VERSION:
+        return
+    group = choose_group(spec["groups"], gpu_numa_node(device), os.sched_getaffinity(0))
+    if group["tokens"] != seat.group.get("tokens"):
+        log.info("the new daemon's gather budget has %d tokens in this rank's group, not %d; the pool keeps its %d "
+                 "threads", group["tokens"], seat.group.get("tokens"), seat.threads)
+    try:
+        budget = _open_budget(spec, group, timeout)
+    except EngramError as exc:
+        log.warning("could not move to the new daemon's gather budget (%s); gathering on the old one", exc)
+        return
+    if pool.set_budget(budget):
+        seat.budget, seat.group, seat.budget_id = budget, group, spec.get("id")
+        log.info("moved to the new daemon's gather budget (slot %d)", budget.slot)

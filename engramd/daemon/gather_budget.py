@@ -1,0 +1,291 @@
+"""The node's gather budget, daemon side: which CPUs it has, its groups, and handing it over.
+
+    --gather-cpus LIST | N% | off      (default: every CPU the daemon may use, less one per GPU)
+
+The budget's CPUs are split into groups, one per NUMA node; a group's tokens are its CPUs.
+The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
+and serves it on a unix socket beside its request socket, ``<socket>.budget``, from a thread
+of its own: a connection gets the descriptor and is closed.  After that the daemon is out of
+the way: ranks take and give back tokens among themselves (engram_client/lookup/host/_node_budget.h), and
+keep doing so while no daemon runs.  Status reads the kernel's lock table for each group's
+tokens and the counters each client reports in its heartbeats.
+
+Owns the budget memory and the ``.budget`` socket file; the request socket belongs to server.py.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import os
+import socket
+import stat
+import threading
+from dataclasses import dataclass
+
+from engram_client.core import budget_file
+from engram_client.core.errors import ConfigError
+
+log = logging.getLogger("engramd.gather_budget")
+ACCEPT_POLL_S = 0.2
+SEND_TIMEOUT_S = 1.0
+# What a client may report in its heartbeat (engram_client/lookup/host/gather_seat.py): name -> type.
+REPORT_FIELDS = {"slot": int, "group": int, "tokens": int, "threads": int, "cpus": str, "held": int, "rows": int,
+                 "wait_s": float, "acquired": int, "yields": int, "overdraft": int}
+REPORT_CPUS_CHARS = 256
+
+
+def parse_cpu_list(text: str, what: str = "--gather-cpus") -> list[int]:
+    """'0-7,16,18-19' -> [0..7, 16, 18, 19]; anything else raises naming the bad part."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        bounds = part.strip().split("-")
+        if not part.strip() or len(bounds) > 2 or not all(b.strip().isdigit() for b in bounds):
+            raise ConfigError(f"{what} {text!r}: {part!r} is not a CPU number or a range like 0-7")
+        lo, hi = int(bounds[0]), int(bounds[-1])
+        if hi < lo or hi > 4095:
+            raise ConfigError(f"{what} {text!r}: range {part!r} is empty or beyond CPU 4095")
+        cpus.update(range(lo, hi + 1))
+    return sorted(cpus)
+
+
+def format_cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    parts, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu == run[-1] + 1:
+            run.append(cpu)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [cpu]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
+def check_spec(spec: str | None) -> None:
+    """Refuse a malformed --gather-cpus at once (the CPUs themselves are checked at start)."""
+    if spec is None or spec == "off":
+        return
+    if spec.endswith("%"):
+        try:
+            share = float(spec[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 100:
+            raise ConfigError(f"--gather-cpus {spec!r}: a share is a percentage in (0, 100]")
+        return
+    parse_cpu_list(spec)
+
+
+def cpu_nodes(cpus: list[int], sysfs: str = "/sys") -> dict[int, list[int]]:
+    """The NUMA node of each CPU (all on node 0 where sysfs lists no nodes)."""
+    nodes: dict[int, list[int]] = {}
+    owner: dict[int, int] = {}
+    for path in glob.glob(os.path.join(sysfs, "devices/system/node/node[0-9]*/cpulist")):
+        node = int(os.path.basename(os.path.dirname(path))[4:])
+        with open(path) as f:
+            text = f.read().strip()
+        for cpu in parse_cpu_list(text, path) if text else []:
+            owner[cpu] = node
+    for cpu in cpus:
+        nodes.setdefault(owner.get(cpu, 0), []).append(cpu)
+    return dict(sorted(nodes.items()))
+
+
+def gpus_by_node(sysfs: str = "/sys") -> dict[int, int]:
+    """NVIDIA GPUs (PCI vendor 0x10de, display or 3D class) per NUMA node, from sysfs."""
+    found: dict[int, int] = {}
+    for device in glob.glob(os.path.join(sysfs, "bus/pci/devices/*")):
+        try:
+            with open(os.path.join(device, "vendor")) as f:
+                vendor = f.read().strip()
+            with open(os.path.join(device, "class")) as f:
+                klass = f.read().strip()
+        except OSError:
+            continue
+        if vendor != "0x10de" or not klass.startswith(("0x0300", "0x0302")):
+            continue
+        try:
+            with open(os.path.join(device, "numa_node")) as f:
+                node = max(0, int(f.read().strip()))
+        except (OSError, ValueError):
+            node = 0
+        found[node] = found.get(node, 0) + 1
+    return found
+
+
+@dataclass(frozen=True)
+class BudgetGroup:
+    node: int
+    cpus: tuple[int, ...]
+
+
+def plan_groups(spec: str | None, sysfs: str = "/sys", allowed: list[int] | None = None) -> list[BudgetGroup]:
+    """The budget's groups for --gather-cpus ``spec`` ([] for 'off').
+
+    Default: every CPU the daemon may run on, less one per GPU on each NUMA node (one if the
+    node has no GPU but the machine has none at all), so that each rank's own thread keeps a
+    core: on the H200 machine (16 vCPUs, one GPU) that is 15, the pool that gathered 72.7 M
+    rows/s alone (docs/BENCHMARKS.md, "Many ranks on one node")."""
+    if spec == "off":
+        return []
+    allowed = sorted(os.sched_getaffinity(0)) if allowed is None else sorted(allowed)
+    if spec is not None and not spec.endswith("%"):
+        cpus = parse_cpu_list(spec)
+        outside = sorted(set(cpus) - set(allowed))
+        if outside:
+            raise ConfigError(f"--gather-cpus {spec}: CPUs {format_cpu_list(outside)} are not among the CPUs this "
+                              f"daemon may use ({format_cpu_list(allowed)})")
+        return [BudgetGroup(node, tuple(c)) for node, c in cpu_nodes(cpus, sysfs).items()]
+    nodes = cpu_nodes(allowed, sysfs)
+    groups = []
+    if spec is None:
+        gpus = gpus_by_node(sysfs)
+        for node, cpus in nodes.items():
+            reserve = gpus.get(node, 0) or (1 if not gpus and node == max(nodes) else 0)
+            kept = cpus[:max(1, len(cpus) - reserve)]
+            groups.append(BudgetGroup(node, tuple(kept)))
+    else:
+        share = float(spec[:-1]) / 100
+        groups = [BudgetGroup(node, tuple(cpus[:max(1, math.floor(len(cpus) * share + 1e-9))]))
+                  for node, cpus in nodes.items()]
+    if len(groups) > budget_file.MAX_GROUPS:
+        raise ConfigError(f"the budget's CPUs lie on {len(groups)} NUMA nodes; at most {budget_file.MAX_GROUPS}")
+    return groups
+
+
+def client_report(value) -> dict | None:
+    """A heartbeat's ``budget`` counters, checked: known names, right types, bounded (None if absent)."""
+    from engram_client.core.errors import ProtocolError
+
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > len(REPORT_FIELDS):
+        raise ProtocolError("argument 'budget' must be a map of the budget counters")
+    report = {}
+    for name, item in value.items():
+        kind = REPORT_FIELDS.get(name)
+        if kind is None:
+            raise ProtocolError(f"argument 'budget' has an unknown field {str(name)[:32]!r}")
+        if kind is float and isinstance(item, int) and not isinstance(item, bool):
+            item = float(item)
+        if isinstance(item, bool) or not isinstance(item, kind):
+            raise ProtocolError(f"budget field {name!r} must be {kind.__name__}")
+        if kind is str and len(item) > REPORT_CPUS_CHARS:
+            raise ProtocolError(f"budget field {name!r} is longer than {REPORT_CPUS_CHARS} characters")
+        if kind in (int, float) and not 0 <= item < 2**63:
+            raise ProtocolError(f"budget field {name!r} must be between 0 and 2**63, got {item!r}")
+        report[name] = item
+    return report
+
+
+class GatherBudget:
+    """The budget memory and its socket; created by the server once the request socket is bound."""
+
+    def __init__(self, groups: list[BudgetGroup], socket_path: str, gid: int | None, budget_id: str):
+        self.groups, self.socket_path, self.id = groups, socket_path, budget_id
+        self.fd = budget_file.create([len(g.cpus) for g in groups])
+        self.view = budget_file.BudgetView(self.fd)
+        self._closed = threading.Event()
+        self.listener = None
+        try:
+            self.listener = self._bind(gid)
+        except BaseException:
+            self.close()
+            raise
+        self.thread = threading.Thread(target=self._serve, name="engramd-gather-budget", daemon=True)
+        self.thread.start()
+        log.info("gather budget: %s, handed to ranks on %s", self.summary(), socket_path)
+
+    def _bind(self, gid: int | None) -> socket.socket:
+        try:
+            info = os.lstat(self.socket_path)
+            # The request socket's lock is ours, so a socket left here is our dead predecessor's.
+            if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid():
+                os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o077)
+        try:
+            sock.bind(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"cannot bind the gather budget's socket {self.socket_path}: {exc.strerror}") from exc
+        finally:
+            os.umask(old)
+        if gid is not None:
+            os.chown(self.socket_path, -1, gid)
+        os.chmod(self.socket_path, 0o660 if gid is not None else 0o600)
+        sock.listen(64)
+        sock.settimeout(ACCEPT_POLL_S)
+        return sock
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                if self._closed.is_set():
+                    return
+                continue
+            with conn:
+                try:
+                    conn.settimeout(SEND_TIMEOUT_S)
+                    socket.send_fds(conn, [b"B"], [self.fd])
+                except OSError as exc:  # the peer went away: nothing owed
+                    log.debug("could not hand the gather budget over: %s", exc)
+
+    def summary(self) -> str:
+        return "; ".join(f"NUMA node {g.node}: {len(g.cpus)} tokens on CPUs {format_cpu_list(list(g.cpus))}"
+                         for g in self.groups)
+
+    def describe(self) -> dict:
+        """What an attach reply says about the budget (docs/protocol.md, 1.3)."""
+        return {"socket": self.socket_path, "id": self.id, "version": budget_file.VERSION,
+                "slots": self.view.slots, "small_rows": budget_file.SMALL_ROWS,
+                "groups": [{"group": i, "node": g.node, "cpus": list(g.cpus), "tokens": len(g.cpus)}
+                           for i, g in enumerate(self.groups)]}
+
+    def status(self) -> dict:
+        """The budget for status: each group's tokens, CPUs, and what the kernel and the ranks say of it."""
+        groups = []
+        for i, g in enumerate(self.groups):
+            seen = self.view.group(i)
+            groups.append({"group": i, "node": g.node, "cpus": format_cpu_list(list(g.cpus)), "tokens": len(g.cpus),
+                           "locked": seen["locked"], "peak_gathering": seen["peak"], "grants": seen["grants"],
+                           "dead_slots_swept": seen["sweeps"]})
+        return {"id": self.id, "socket": self.socket_path, "groups": groups,
+                "tokens": sum(len(g.cpus) for g in self.groups)}
+
+    def close(self) -> None:
+        self._closed.set()
+        if self.listener is not None:
+            self.listener.close()
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+            self.listener = None
+        if getattr(self, "thread", None) is not None:
+            self.thread.join(timeout=2 * ACCEPT_POLL_S + SEND_TIMEOUT_S)
+        self.view.close()
+        os.close(self.fd)  # ranks that hold it keep it: the memory lives while one does
+
+
+def serve_budget(config, boot_id: str) -> "GatherBudget | None":
+    """The node's gather budget for a daemon of ``config``, served beside its request socket (ipc
+    endpoints only); None where there is none (--gather-cpus off, or not an ipc endpoint)."""
+    from engram_client.core import endpoints
+
+    groups = plan_groups(config.gather_cpus)
+    path = endpoints.ipc_path(config.endpoint)
+    if not groups or path is None:
+        log.info("no gather budget (%s): each rank sizes its own pool",
+                 "--gather-cpus off" if not groups else "not an ipc endpoint")
+        return None
+    return GatherBudget(groups, path + ".budget", config.gid, boot_id)

@@ -1,0 +1,33 @@
+"""The node's gather budget as Prometheus families: each group's tokens and how many are held, and
+each client's share as its heartbeats report it (status["gather_budget"], status["clients"][i]["budget"])."""
+from __future__ import annotations
+
+from prometheus_client.core import GaugeMetricFamily
+
+
+def budget_families(status: dict):
+    """The node's gather budget per group, and each client's share as its heartbeats report it."""
+    groups = (status.get("gather_budget") or {}).get("groups", [])
+    tokens = GaugeMetricFamily("engramd_gather_budget_tokens", "Tokens (CPUs) of a group of the node's gather "
+                               "budget", labels=["group", "node", "cpus"])
+    held = GaugeMetricFamily("engramd_gather_budget_held", "Tokens of a group held now (the kernel's lock table)",
+                             labels=["group", "node"])
+    for group in groups:
+        tokens.add_metric([str(group["group"]), str(group["node"]), group["cpus"]], group["tokens"])
+        held.add_metric([str(group["group"]), str(group["node"])], group["locked"])
+    yield tokens
+    yield held
+    families = {key: GaugeMetricFamily(f"engramd_client_gather_{key}", text, labels=["client", "rank", "cpus"])
+                for key, text in (("threads", "Gather threads of a client's pool (on the budget)"),
+                                  ("rows", "Rows a client has gathered on the budget (its heartbeats' count)"),
+                                  ("wait_seconds", "Thread-seconds a client's gather threads waited for tokens"),
+                                  ("overdrafts", "Times a client gathered without a token, the tokens kept from it"))}
+    for client in status.get("clients", []):
+        budget = client.get("budget")
+        if not budget:
+            continue
+        labels = [client["id"], "" if client.get("rank") is None else str(client["rank"]), budget.get("cpus", "")]
+        for key, field in (("threads", "threads"), ("rows", "rows"), ("wait_seconds", "wait_s"),
+                           ("overdrafts", "overdraft")):
+            families[key].add_metric(labels, budget.get(field, 0))
+    yield from families.values()

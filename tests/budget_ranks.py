@@ -1,0 +1,60 @@
+"""Rank processes of tests/budget_rank.py for the gather-budget tests (CPU and GPU): start them,
+let them go together, collect and check their results; every wait bounded."""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+
+RANK = os.path.join(os.path.dirname(__file__), "budget_rank.py")
+
+
+def read_line(proc: subprocess.Popen, timeout: float, what: str) -> dict:
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            raise AssertionError(f"no {what} from rank pid {proc.pid} within {timeout} s")
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(f"rank pid {proc.pid} exited (rc {proc.poll()}) before its {what}")
+    return json.loads(line)
+
+
+class Ranks:
+    """Rank processes (tests/budget_rank.py), started together once each has attached."""
+
+    def __init__(self, endpoint: str, specs: list[tuple[int, int, int]], device: str = "cpu"):
+        # specs: (rows per call, calls (0: until stopped), gather_threads (0: the budget decides)) per rank
+        self.procs = [subprocess.Popen([sys.executable, RANK, endpoint, str(rows), str(calls), str(threads), str(i),
+                                        device],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                      for i, (rows, calls, threads) in enumerate(specs)]
+        self.ready = [read_line(p, 60, "attach line") for p in self.procs]
+
+    def go(self) -> None:
+        for proc in self.procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+
+    def stop(self, indices=None) -> None:
+        for i in indices if indices is not None else range(len(self.procs)):
+            if self.procs[i].poll() is None:
+                self.procs[i].stdin.write("stop\n")
+                self.procs[i].stdin.flush()
+
+    def results(self, indices=None, timeout: float = 180) -> list[dict]:
+        out = []
+        for i in indices if indices is not None else range(len(self.procs)):
+            result = read_line(self.procs[i], timeout, "result line")
+            self.procs[i].wait(timeout=30)
+            assert result["errors"] == [] and result["mismatch"] == 0 and result["exact"] == result["calls"] > 0, result
+            out.append(result)
+        return out
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)

@@ -1,0 +1,118 @@
+"""The gather budget's plan and contracts without a daemon: CPU lists, groups per NUMA node from a
+fake sysfs root (this machine has one node: a second one can only be faked), the GPU's group, the
+heartbeat report's checks, and one layout shared by the C scheduler and the daemon."""
+from __future__ import annotations
+
+import fcntl
+import os
+
+import pytest
+
+from engram_client.lookup.host.host_lookup import _host_gather  # with the project's error classes set
+from engram_client.core import budget_file
+from engram_client.core.errors import ConfigError, EngramError, ProtocolError
+from engram_client.lookup.host.gather_seat import choose_group, format_cpus, take_seat
+from engramd.daemon.gather_budget import check_spec, client_report, format_cpu_list, parse_cpu_list, plan_groups
+
+
+def fake_sysfs(root, nodes: dict[int, str], gpus: dict[str, int]) -> str:
+    """nodes: node -> cpulist; gpus: PCI address -> NUMA node (NVIDIA, 3D controller)."""
+    for node, cpulist in nodes.items():
+        path = root / "devices/system/node" / f"node{node}"
+        path.mkdir(parents=True)
+        (path / "cpulist").write_text(cpulist + "\n")
+    for address, node in gpus.items():
+        path = root / "bus/pci/devices" / address
+        path.mkdir(parents=True)
+        (path / "vendor").write_text("0x10de\n")
+        (path / "class").write_text("0x030200\n")
+        (path / "numa_node").write_text(f"{node}\n")
+    nic = root / "bus/pci/devices/0000:05:00.0"
+    nic.mkdir(parents=True)
+    (nic / "vendor").write_text("0x15b3\n")
+    (nic / "class").write_text("0x020000\n")
+    return str(root)
+
+
+def test_cpu_lists_parse_and_format_both_ways():
+    assert parse_cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert format_cpu_list([0, 1, 2, 3, 8, 10, 11]) == format_cpus([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+    for bad, why in (("0-", "is not a CPU number"), ("3-1", "empty"), ("a", "is not a CPU number"), ("", "is not")):
+        with pytest.raises(ConfigError, match=why):
+            parse_cpu_list(bad)
+    for bad in ("0%", "101%", "x%"):
+        with pytest.raises(ConfigError, match="a share is a percentage"):
+            check_spec(bad)
+    check_spec("off"), check_spec("50%"), check_spec("0-7")
+
+
+def test_the_default_leaves_one_cpu_per_gpu_on_each_node(tmp_path):
+    sysfs = fake_sysfs(tmp_path, {0: "0-7", 1: "8-15"},
+                       {"0000:17:00.0": 0, "0000:18:00.0": 0, "0000:97:00.0": 1, "0000:98:00.0": 1})
+    groups = plan_groups(None, sysfs, allowed=list(range(16)))
+    assert [(g.node, g.cpus) for g in groups] == [(0, tuple(range(6))), (1, tuple(range(8, 14)))]
+
+
+def test_no_gpu_leaves_one_cpu_and_a_share_or_a_list_is_taken_as_given(tmp_path):
+    sysfs = fake_sysfs(tmp_path, {0: "0-3", 1: "4-7"}, {})
+    assert [g.cpus for g in plan_groups(None, sysfs, allowed=list(range(8)))] == [(0, 1, 2, 3), (4, 5, 6)]
+    assert [g.cpus for g in plan_groups("50%", sysfs, allowed=list(range(8)))] == [(0, 1), (4, 5)]
+    assert [(g.node, g.cpus) for g in plan_groups("2-5", sysfs, allowed=list(range(8)))] == [(0, (2, 3)), (1, (4, 5))]
+    assert plan_groups("off", sysfs) == []
+    with pytest.raises(ConfigError, match="CPUs 9 are not among the CPUs this daemon may use"):
+        plan_groups("7,9", sysfs, allowed=list(range(8)))
+
+
+def test_a_rank_takes_its_gpus_node_else_the_group_of_its_cpus():
+    groups = [{"group": 0, "node": 0, "cpus": [0, 1, 2], "tokens": 3},
+              {"group": 1, "node": 1, "cpus": [3, 4, 5], "tokens": 3}]
+    assert choose_group(groups, 1, {0, 1, 2})["group"] == 1  # the GPU's node wins over where the rank runs
+    assert choose_group(groups, None, {3, 4})["group"] == 1
+    assert choose_group(groups, None, {9})["group"] == 0  # nothing in common: the first
+
+
+def test_without_a_budget_the_pool_is_sized_alone_and_says_so():
+    seat = take_seat(None, "cpu", None, alone_default=5)
+    assert seat.threads == 5 and seat.budget is None and seat.report() is None
+    assert "no node gather budget" in seat.explanation
+    assert take_seat(None, "cpu", 3, alone_default=5).threads == 3
+
+
+def test_a_heartbeat_report_is_checked_field_by_field():
+    good = {"slot": 1, "group": 0, "tokens": 15, "threads": 15, "cpus": "0-14", "held": 2, "rows": 10, "wait_s": 1,
+            "acquired": 3, "yields": 0, "overdraft": 0}
+    assert client_report(good)["wait_s"] == 1.0 and client_report(None) is None
+    for bad, why in (({**good, "extra": 1}, "map of the budget counters|unknown field"), ({"rows": -1}, "between 0"),
+                     ({"rows": 2**63}, "between 0"), ({"held": True}, "must be int"), ({"cpus": "0" * 300}, "longer"),
+                     ({"wait_s": "x"}, "must be float"), ([], "must be a map")):
+        with pytest.raises(ProtocolError, match=why):
+            client_report(bad)
+
+
+def test_the_c_scheduler_and_the_daemon_share_one_layout():
+    assert (_host_gather.BUDGET_VERSION, _host_gather.BUDGET_FILE_BYTES, _host_gather.BUDGET_MAX_SLOTS,
+            _host_gather.BUDGET_MAX_GROUPS, _host_gather.BUDGET_MAX_TOKENS) == \
+        (budget_file.VERSION, budget_file.FILE_BYTES, budget_file.MAX_SLOTS, budget_file.MAX_GROUPS,
+         budget_file.MAX_TOKENS)
+
+
+def test_a_budget_is_sealed_and_a_rank_refuses_one_that_is_not(tmp_path):
+    fd = budget_file.create([3, 2])
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & budget_file.SEALS == budget_file.SEALS
+        with pytest.raises(OSError):
+            os.ftruncate(fd, 0)
+        view = budget_file.BudgetView(fd)
+        assert (view.groups, view.tokens) == (2, [3, 2])
+        view.close()
+        with pytest.raises(EngramError, match="does not match what the daemon announced"):
+            _host_gather.NodeBudget(fd, 1, 3, budget_file.MAX_SLOTS)  # group 1 has 2 tokens
+        budget = _host_gather.NodeBudget(fd, 1, 2, budget_file.MAX_SLOTS)
+        assert (budget.group, budget.tokens, budget.slot) == (1, 2, 0)
+    finally:
+        os.close(fd)
+    plain = os.open(tmp_path / "plain", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(plain, budget_file.FILE_BYTES)
+    with pytest.raises(EngramError, match="not sealed against shrinking"):
+        _host_gather.NodeBudget(plain, 0, 1, budget_file.MAX_SLOTS)
+    os.close(plain)
