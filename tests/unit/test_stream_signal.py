@@ -295,3 +295,31 @@ def test_fork_refuses_the_parents_signals_and_exit_with_watched_words_is_clean(e
     assert result.returncode == 0, result.stdout + result.stderr
     assert "parent still answered True" in result.stdout
     assert ending != "close" or "janitor answered True" in result.stdout
+
+
+def test_a_pool_on_the_node_budget_answers_replayed_slots_too(table):
+    """Workers that gather only on budget tokens must still watch the signals and publish each chunk:
+    a replayed slot on a budgeted pool is staged exactly, every replay (a real sealed budget memfd)."""
+    from engram_client.core import budget_file
+
+    fd = budget_file.create([2])
+    try:
+        budget = _host_gather.NodeBudget(fd, 0, 2, budget_file.MAX_SLOTS)
+        pool = _host_gather.GatherPool(2, caller_gathers=False, budget=budget)
+        try:
+            assert pool.budgeted and not pool.caller_gathers
+            n = 6144
+            slot = _host_gather.SignalTestSlot(pool, n, ROW_BYTES, graph=True)
+            stream = SimulatedStream(slot, n)
+            ids = np.zeros(n, dtype=np.int64)
+            counter = np.zeros(1, dtype=np.int64)
+            assert slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, n,
+                                counter.ctypes.data, 4) == 0
+            rng = np.random.default_rng(7)
+            for _ in range(10):
+                ids[:] = rng.integers(0, ROWS, n)
+                np.testing.assert_array_equal(stream.run(n), table[ids])
+        finally:
+            pool.close()
+    finally:
+        os.close(fd)

@@ -13,6 +13,7 @@ static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
         while (now > peak && !atomic_compare_exchange_weak(&b->g->peak, &peak, now)) {}
     }
     gather_block(job, block);
+    if (job->signal) signal_publish(job);  /* tell the stream which chunks it may copy (_stream_signal.h) */
     if (counted) atomic_fetch_sub(&b->g->gathering, 1);
     int64_t lo = block * job->block_rows;
     atomic_fetch_add_explicit(&b->s->rows, (uint64_t)(job->n - lo < job->block_rows ? job->n - lo : job->block_rows),
