@@ -9,7 +9,7 @@ from .core.errors import (CheckpointError, CudaRegistrationError, DaemonUnavaila
                      NotReadyError, ConfigError,
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError,
                      UnknownLayerError)
-from .core.errors import HasherUnavailableError, TokenIdsError
+from .core.errors import HasherUnavailableError, IntegrationError, TokenIdsError
 from .core.endpoints import default_endpoint
 from .core.protocol import PROTOCOL_VERSION
 from .core.version import __version__
@@ -19,7 +19,7 @@ __all__ = [
     "EngramError", "CheckpointError", "LayoutError", "TableFileError", "ShmSpaceError", "ProtocolError",
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
     "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
-    "UnknownLayerError", "TokenIdsError", "HasherUnavailableError",
+    "UnknownLayerError", "TokenIdsError", "HasherUnavailableError", "IntegrationError",
 ]
 _LAZY = {"EngramClient": ".client", "EngramTable": ".table", "PrefetchHandle": ".prefetch"}
 
