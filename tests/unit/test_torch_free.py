@@ -15,7 +15,8 @@ from torchless import run_torchless
 # engramd modules that need the client or synth extra and are imported lazily by the CLI.
 NEEDS_EXTRAS = {"engramd.synth"}
 # What engramd may import from engram_client at module level (lazily, a command may import the tools).
-ALLOWED_CLIENT_MODULES = ("engram_client.core", "engram_client.connection", "engram_client.readiness")
+ALLOWED_CLIENT_MODULES = ("engram_client.core", "engram_client.connection", "engram_client.readiness",
+                          "engram_client.daemon_probe")
 
 
 def engramd_modules() -> list[str]:
@@ -34,7 +35,7 @@ def test_every_daemon_module_imports_without_torch():
                                    "engram_client.core.layout",
                                    "engram_client.core.errors", "engram_client.core.demo_rows",
                                    "engram_client.connection", "engram_client.readiness",
-                                   "engram_client.tools.serve_process"]
+                                   "engram_client.daemon_probe", "engram_client.tools.serve_process"]
     assert "engramd.cli" in modules and "engramd.server" in modules and "engramd.daemon" in modules
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"

@@ -6,6 +6,7 @@ vLLM calls them.  Before patching anything it checks, in the module vLLM really 
 - ``vllm.__version__`` is one of CHECKED_VERSIONS (the plugin was run against exactly these);
 - every name in SIGNATURES exists with exactly those parameters (names, kinds, defaults;
   annotations are ignored, they do not change a call);
+- the few names of other vLLM modules in NAMES exist;
 - every function in CALLS still calls the names the plugin hooks into (its code's names): that
   ``_allocate_weights`` builds its storage through the module's ``DPSharedEngramStorage``, that
   ``prepare_embeddings`` goes through ``_start_prefetch``, and so on.
@@ -52,6 +53,10 @@ CALLS = {
     "Engram._ready_rows": ("_finish_prefetch", "staged_rows"),
     "can_share_engram_tables": ("check_shm_free_space",),
 }
+
+
+# Names of other vLLM modules the plugin calls.
+NAMES = {"vllm.config": ("get_current_vllm_config_or_none",)}
 
 
 def shape(function: Callable[..., Any]) -> str:
@@ -109,6 +114,16 @@ def check_surface(module: ModuleType, version: str) -> None:
         missing = [name for name in names if name not in code.co_names]
         if missing:
             problems.append(f"{dotted} no longer uses {', '.join(missing)}")
+    _refuse(where, problems)
+
+
+def check_names(modules: dict[str, ModuleType], version: str) -> None:
+    """``modules``: each module of NAMES, as vLLM imported it."""
+    _refuse(f"vLLM {version}", [f"{name}.{attribute} is missing" for name, attributes in NAMES.items()
+                                for attribute in attributes if not hasattr(modules[name], attribute)])
+
+
+def _refuse(where: str, problems: list[str]) -> None:
     if problems:
         raise IntegrationError(f"engramd's vLLM plugin cannot patch {where}: " + "; ".join(problems) +
                                f". It was checked against vLLM {', '.join(CHECKED_VERSIONS)}; unset ENGRAMD_VLLM "

@@ -18,7 +18,7 @@ import importlib
 import logging
 import threading
 
-from .fence import ENGRAM_MODULE, check_surface, check_version
+from .fence import ENGRAM_MODULE, NAMES, check_names, check_surface, check_version
 
 log = logging.getLogger("engram_client.integrations.vllm")
 _lock = threading.Lock()
@@ -40,6 +40,7 @@ def apply() -> None:
         check_version(version)
         engram = importlib.import_module(ENGRAM_MODULE)
         check_surface(engram, version)
+        check_names({name: importlib.import_module(name) for name in NAMES}, version)
 
         from .embedding import wrap_init
         from .lookups import lookup, start_prefetch

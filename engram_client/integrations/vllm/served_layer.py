@@ -35,11 +35,12 @@ def heads_in_words(head_sizes: tuple[int, ...]) -> str:
 
 
 def vllm_model() -> str:
-    """The model vLLM is loading (its ``--model``), for messages."""
-    from vllm.config import get_current_vllm_config
+    """The model vLLM is loading (its ``--model``), for messages; vLLM sets its config around model
+    construction, and a caller that builds an embedding outside one gets "(no current vLLM config)"."""
+    from vllm.config import get_current_vllm_config_or_none
 
-    model_config = getattr(get_current_vllm_config(), "model_config", None)
-    return f"vLLM's model {getattr(model_config, 'model', None) or '(unknown)'}"
+    model_config = getattr(get_current_vllm_config_or_none(), "model_config", None)
+    return f"vLLM's model {getattr(model_config, 'model', None) or '(no current vLLM config)'}"
 
 
 def serve_layer(building: Building, num_rows: int, dim: int, block_size: int) -> ServedLayer:

@@ -45,6 +45,10 @@ def set_current_vllm_config(config: VllmConfig):
         _current = outer
 
 
+def get_current_vllm_config_or_none() -> VllmConfig | None:
+    return _current
+
+
 def get_current_vllm_config() -> VllmConfig:
     if _current is None:
         raise RuntimeError("stand-in: no current vLLM config (model construction sets it)")
