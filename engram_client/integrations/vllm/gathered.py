@@ -4,6 +4,8 @@ vLLM builds a DP-shared table collectively (its own storage all-gathers errors t
 and its ranks then meet in collectives; a rank that raised alone would leave the others
 waiting there.  So a step that can fail on some ranks ends with ``raise_gathered`` on all of
 them: the same IntegrationError everywhere, naming each failing rank (ranks that failed alike once).
+The gather waits for every rank of the group, as vLLM's own does, bounded by the group's timeout
+(vLLM's, for its gloo ``cpu_group``); a rank that died makes it raise there.
 """
 from __future__ import annotations
 

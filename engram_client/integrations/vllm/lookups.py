@@ -8,7 +8,10 @@ node gathers them from the mapped table, the copy engine moves them, a small ker
 in HBM; no SM waits on PCIe), copies them into vLLM's persistent ``staged_rows`` slice (graph
 replays need that address), zeroes vLLM's padding heads, and records the same event.  The
 prefetch stream joins engramd's lookup with ``wait()``, so every stream forked here is joined
-before ``_ready_rows``: one CUDA graph capture can hold the whole lookup.
+before ``_ready_rows``: one CUDA graph capture can hold the whole lookup.  So under vLLM's FULL
+graphs (where its ``eager_break_during_capture`` calls through) the graph holds engramd's host
+path and nothing breaks; under breakable PIECEWISE graphs ``_start_prefetch`` and
+``_finish_prefetch`` stay eager breaks, as in vLLM, because the lookup spans graph segments.
 
 The ids are vLLM's hash ids, rows of the whole layer; a rank passes its own heads' columns.
 An id outside them (vLLM's hash never makes one) zeroes its row and raises IdsOutOfRangeError
