@@ -17,9 +17,17 @@ extensions_stale() {
   done
   return 1
 }
+# The package's entry points live in its installed metadata: a .venv made before one was added
+# (the vLLM plugin's) lacks it until the project is installed again.
+entry_points_current() {
+  .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(not any(e.value == 'engram_client.integrations.vllm:register' for e in m.entry_points(group='vllm.general_plugins')))"
+}
 if .venv/bin/python -c "import engramd, engram_client, engram_client.lookup.host._host_gather, engram_client.hashing._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   if extensions_stale; then
     echo "setup: the C sources changed since the extensions were built; rebuilding them ..." >&2
+    .venv/bin/python -m pip install -q --no-deps -e .
+  elif ! entry_points_current; then
+    echo "setup: the package metadata changed since the last install (an entry point); reinstalling ..." >&2
     .venv/bin/python -m pip install -q --no-deps -e .
   fi
   exit 0

@@ -19,7 +19,9 @@
     ├── IdsOutOfRangeError           lookup ids outside the table's (registered) rows
     ├── UnknownLayerError            ``client.table(layer)`` for a layer the table lacks, or not an int
     ├── TokenIdsError                token ids the hasher cannot hash (dtype, shape, range)
-    └── HasherUnavailableError       the served table has no token map to hash with
+    ├── HasherUnavailableError       the served table has no token map to hash with
+    └── IntegrationError             an engine integration that cannot serve what the engine asks
+                                     (its version, its layout, its weights; names what and where)
 
 Each side maps lower-layer exceptions to these in one place and chains them with
 ``raise ... from exc``.  Error replies carry ``name`` so the client can raise the
@@ -124,6 +126,13 @@ class TokenIdsError(EngramError, ValueError):
 
 class HasherUnavailableError(EngramError):
     code = "hasher_unavailable"
+
+
+class IntegrationError(EngramError):
+    """An engine integration (engram_client.integrations) refuses: raised where the engine would
+    otherwise have loaded a table of its own or served rows engramd does not hold."""
+
+    code = "integration"
 
 
 # Error replies name the class; the client turns the name back into the class.

@@ -1,5 +1,10 @@
-"""Engine integrations: code that lets an engine's model layers take their rows from engramd (none yet).
-Each builds on the public API (``engram_client``); nothing else in either package imports this folder.
+"""Engine integrations: adapters that serve an inference engine's Engram tables from engramd.
+
+Each subpackage belongs to one engine (``vllm/``: a vLLM general plugin) and owns only the wiring
+between that engine's classes and engram_client's public API (``EngramClient``, its tables, the
+one error tree).  An integration never loads, writes or owns a table: it attaches to the one the
+node's daemon serves, or refuses.  An engine's own packages are imported only once the user has
+switched its integration on, never when this package is imported.
 
 Must not import: ``engramd``, ``engram_client.tools``.
 Imported only by: ``engram_client.integrations``.

@@ -9,22 +9,19 @@ looks at the socket file itself:
     a socket nothing accepts on (ECONNREFUSED) -> "socket file is stale"          (at once)
     a listening socket                        -> ask, and report the time really waited
 
-tcp:// endpoints cannot be looked at this way and are always asked.
+tcp:// endpoints cannot be looked at this way and are always asked.  The look itself is
+engram_client.daemon_probe's (ranks use it too); this module says what the command line makes of it.
 """
 from __future__ import annotations
 
-import errno
-import os
-import socket
-import stat
 import time
 from typing import Any
 
 from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import DaemonUnavailableError
 from engram_client.core.endpoints import ipc_path
+from engram_client.attach.daemon_probe import absent_reason
 
-PROBE_TIMEOUT_S = 1.0
 ANSWER_TIMEOUT_S = 10.0  # how long `status` and `stop` wait for an answer by default (README, probes)
 
 
@@ -35,34 +32,6 @@ class DaemonAbsentError(DaemonUnavailableError):
         super().__init__(f"no engramd at {endpoint}: {reason}")
         self.endpoint = endpoint
         self.reason = reason
-
-
-def absent_reason(endpoint: str) -> str | None:
-    """Why no daemon can be listening at ``endpoint``, or None if one may be."""
-    path = ipc_path(endpoint)
-    if path is None:
-        return None
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return "socket file missing"
-    except OSError:
-        return None  # e.g. a directory we may not search: the connection explains that
-    if not stat.S_ISSOCK(info.st_mode):
-        return f"{path} is not a socket"
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(PROBE_TIMEOUT_S)
-    try:
-        probe.connect(path)
-    except ConnectionRefusedError:
-        return f"socket file {path} is stale: nothing listens on it (a daemon that died leaves one)"
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT,):
-            return "socket file missing"
-        return None  # permission denied, a full backlog...: let the request say what happens
-    finally:
-        probe.close()
-    return None
 
 
 def connect(endpoint: str | None, curve_keys_dir: str | None = None) -> DaemonConnection:

@@ -25,7 +25,10 @@ exec "$REAL_PYTHON" "$@"
 """
 FAKE_VENV_PYTHON = """#!/usr/bin/env bash
 echo "venv-python $*" >> "$CALLS"
-if [ "$1" = "-c" ]; then exit "${VENV_COMPLETE:-1}"; fi
+case "$1 $2" in
+  "-c "*entry_points*) exit "${VENV_ENTRY_POINTS:-0}" ;;
+  "-c "*) exit "${VENV_COMPLETE:-1}" ;;
+esac
 exit 0
 """
 
@@ -36,7 +39,7 @@ def make_script(path: pathlib.Path, text: str) -> str:
     return str(path)
 
 
-def run_setup(tmp_path: pathlib.Path, complete: bool = False) -> subprocess.CompletedProcess:
+def run_setup(tmp_path: pathlib.Path, complete: bool = False, entry_points: bool = True) -> subprocess.CompletedProcess:
     project, stubs = tmp_path / "project", tmp_path / "stubs"
     (project / "scripts").mkdir(parents=True, exist_ok=True)
     stubs.mkdir(exist_ok=True)
@@ -44,7 +47,7 @@ def run_setup(tmp_path: pathlib.Path, complete: bool = False) -> subprocess.Comp
     make_script(stubs / "python3", FAKE_PYTHON3)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
            "REAL_PYTHON": sys.executable, "VENV_PYTHON": make_script(tmp_path / "venv-python", FAKE_VENV_PYTHON),
-           "VENV_COMPLETE": "0" if complete else "1"}
+           "VENV_COMPLETE": "0" if complete else "1", "VENV_ENTRY_POINTS": "0" if entry_points else "1"}
     return subprocess.run(["bash", str(project / "scripts" / "setup.sh")], capture_output=True, text=True,
                           timeout=60, env=env)
 
@@ -67,8 +70,21 @@ def test_a_complete_venv_is_left_alone_silently(tmp_path):
     (tmp_path / "calls").unlink()
     again = run_setup(tmp_path, complete=True)
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
-    completeness_check = re.search(r'\.venv/bin/python -c "([^"]+)"', (ROOT / "scripts" / "setup.sh").read_text())
-    assert (tmp_path / "calls").read_text().splitlines() == [f"venv-python -c {completeness_check.group(1)}"]
+    checks = re.findall(r'\.venv/bin/python -c "([^"]+)"', (ROOT / "scripts" / "setup.sh").read_text())
+    completeness, entry_points = [c for c in checks if "import engramd" in c], [c for c in checks if "entry_points" in c]
+    assert len(completeness) == len(entry_points) == 1, checks
+    assert (tmp_path / "calls").read_text().splitlines() == [f"venv-python -c {completeness[0]}",
+                                                           f"venv-python -c {entry_points[0]}"]
+
+
+def test_a_venv_installed_before_an_entry_point_was_added_is_reinstalled(tmp_path):
+    first = run_setup(tmp_path)
+    assert first.returncode == 0
+    (tmp_path / "calls").unlink()
+    again = run_setup(tmp_path, complete=True, entry_points=False)  # no vllm.general_plugins entry point yet
+    assert again.returncode == 0, again.stderr
+    assert "package metadata changed" in again.stderr
+    assert (tmp_path / "calls").read_text().splitlines()[-1] == "venv-python -m pip install -q --no-deps -e ."
 
 
 def test_c_sources_newer_than_their_built_extension_are_rebuilt(tmp_path):
@@ -89,4 +105,4 @@ def test_c_sources_newer_than_their_built_extension_are_rebuilt(tmp_path):
     os.utime(built)  # now newer than every source: left alone, silently
     (tmp_path / "calls").unlink()
     third = run_setup(tmp_path, complete=True)
-    assert third.stderr == "" and len((tmp_path / "calls").read_text().splitlines()) == 1
+    assert third.stderr == "" and len((tmp_path / "calls").read_text().splitlines()) == 2

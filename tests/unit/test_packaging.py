@@ -65,3 +65,14 @@ def test_public_functions_are_fully_annotated(module_name):
         if signature.return_annotation is inspect.Signature.empty:
             missing.append(f"{name} -> ?")
     assert not missing, f"{module_name}: not annotated: {', '.join(missing)}"
+
+
+def test_the_vllm_plugin_is_a_registered_general_plugin_and_its_extra_pins_the_checked_release():
+    from engram_client.integrations.vllm import register
+    from engram_client.integrations.vllm.fence import CHECKED_VERSIONS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["vllm.general_plugins"] == {"engramd": "engram_client.integrations.vllm:register"}
+    assert f"vllm=={CHECKED_VERSIONS[-1]}" in project["optional-dependencies"]["vllm"]
+    installed = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == "engramd"]
+    assert len(installed) == 1 and installed[0].load() is register  # what vLLM's plugin loader finds

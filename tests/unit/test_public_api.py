@@ -13,6 +13,7 @@ EXPECTED_ALL = [
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
     "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
     "UnknownLayerError", "TokenIdsError", "HasherUnavailableError", "SocketRefusedError",
+    "IntegrationError",
 ]
 
 
@@ -44,7 +45,7 @@ def test_version_matches_the_installed_distribution():
 
 def test_every_error_derives_from_engram_error_and_is_exported():
     classes = error_classes()
-    assert len(classes) == 20, sorted(classes)
+    assert len(classes) == 21, sorted(classes)
     for name, cls in classes.items():
         assert issubclass(cls, errors.EngramError), name
         assert name in engram_client.__all__, f"{name} is in engram_client.core.errors but not exported"

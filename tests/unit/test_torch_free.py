@@ -15,7 +15,8 @@ from torchless import run_torchless
 # engramd modules that need the client or synth extra and are imported lazily by the CLI.
 NEEDS_EXTRAS = {"engramd.synth.writer"}
 # What engramd may import from engram_client at module level (lazily, a command may import the tools).
-ALLOWED_CLIENT_MODULES = ("engram_client.core", "engram_client.attach.connection", "engram_client.attach.readiness")
+ALLOWED_CLIENT_MODULES = ("engram_client.core", "engram_client.attach.connection", "engram_client.attach.readiness",
+                          "engram_client.attach.daemon_probe")
 
 
 def engramd_modules() -> list[str]:
@@ -33,7 +34,7 @@ def test_every_daemon_module_imports_without_torch():
                                    "engram_client.core.table_file", "engram_client.core.hashing_section",
                                    "engram_client.core.layout",
                                    "engram_client.core.errors", "engram_client.core.demo_rows",
-                                   "engram_client.attach.connection", "engram_client.attach.readiness",
+                                   "engram_client.attach.connection", "engram_client.attach.readiness", "engram_client.attach.daemon_probe",
                                    "engram_client.tools.serve_process"]
     assert "engramd.cli.main" in modules and "engramd.daemon.server" in modules and "engramd.daemon.state_machine" in modules
     code = ("import importlib, sys\n"

@@ -1,0 +1,157 @@
+"""engramd's vLLM plugin driven by vLLM 0.33.0's call sequence: four ranks, a real daemon, real checkpoints.
+
+vLLM is not installed here and its Engram code runs on GPUs only, so the ranks run the stand-in
+in tests/vllm_standin (its docstring says what it replays).  Four processes are one engine's
+TP 2 x DP 2, joined by a real torch.distributed gloo group, looking rows up on device="cpu"
+(the GPU twin is tests/gpu/test_vllm_plugin_gpu.py).  The ranks run once for the module; each
+test reads what they saw.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import DaemonProcess
+from vllm_ranks import STANDIN, run_ranks, write_checkpoints
+
+SCENARIOS = ["unreachable", "private_table", "other_layout", "serve", "views", "other_weights"]
+TP, DP = 2, 2
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """The daemon, the checkpoints, and the four ranks' outcomes (rank order: DP-major)."""
+    root = tmp_path_factory.mktemp("vllm")
+    checkpoints = write_checkpoints(str(root))
+    socket_dir = tempfile.mkdtemp(prefix="engt-")
+    shm_dir = tempfile.mkdtemp(prefix="engt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    daemon = DaemonProcess(socket_dir, shm_dir, "--checkpoint", checkpoints["served"]).start()
+    try:
+        daemon.wait_state("ready")
+        tables = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
+        shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        ranks = run_ranks(socket_dir, daemon.endpoint, checkpoints, SCENARIOS, tp=TP, dp=DP, device="cpu")
+        shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        tables_after = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
+        yield {"ranks": ranks, "checkpoints": checkpoints, "daemon": daemon, "status": daemon.status(),
+               "new_shm_files": shm_after - shm_before, "tables": (tables, tables_after)}
+    finally:
+        daemon.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+        shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+def test_every_rank_gets_the_checkpoints_rows_bit_exact_on_every_head(engine):
+    for rank, outcome in enumerate(engine["ranks"]):
+        serve = outcome["serve"]
+        assert serve["exact"], f"rank {rank}: {serve['mismatches']}"
+        assert serve["padding_zero"], f"rank {rank}: vLLM's padding heads are not zero"
+        assert serve["lookup_device"] == "cpu"
+        assert serve["kept_eager_break"], "Engram._start_prefetch lost vLLM's eager_break_during_capture"
+
+
+def test_each_tp_rank_registers_only_the_rows_of_its_heads(engine):
+    ranks = engine["ranks"]
+    for rank, outcome in enumerate(ranks):
+        serve = outcome["serve"]
+        assert serve["registered"] == serve["vllm_rows"], f"rank {rank}"
+        tp_rank = rank % TP
+        assert serve["heads"] == ([0, 5, 5] if tp_rank == 0 else [5, 4, 5])  # 9 heads: 5 + 4 and a padding one
+    for layer in ranks[0]["serve"]["registered"]:
+        first, second = ranks[0]["serve"]["registered"][layer], ranks[1]["serve"]["registered"][layer]
+        assert first[0] == 0 and first[1] == second[0] < second[1], (first, second)  # disjoint, and together whole
+        served = next(lv for lv in engine["status"]["layers"] if str(lv["layer"]) == layer)
+        assert second[1] == served["rows"]
+        for dp_peer in range(TP, TP * DP):  # the same TP rank of the other replica registers the same rows
+            assert ranks[dp_peer]["serve"]["registered"][layer] == ranks[dp_peer % TP]["serve"]["registered"][layer]
+
+
+def test_no_rank_loads_or_writes_a_table_of_its_own(engine):
+    for outcome in engine["ranks"]:
+        assert outcome["serve"]["params_on_meta"], "vLLM's Engram parameters hold memory"
+    assert not [name for name in engine["new_shm_files"] if name.startswith("vllm_engram_")]  # vLLM's own file name
+    before, after = engine["tables"]
+    assert before.keys() == after.keys() and before
+    for name in before:
+        assert (before[name].st_size, before[name].st_mtime_ns) == (after[name].st_size, after[name].st_mtime_ns)
+
+
+def test_no_daemon_fails_the_model_load_on_every_rank_naming_the_endpoint(engine):
+    messages = {outcome["unreachable"]["error"] for outcome in engine["ranks"]}
+    assert len(messages) == 2, messages  # the same error on both ranks of each Engram DP group
+    for message in messages:
+        assert message.startswith("IntegrationError: engramd cannot serve vLLM's Engram table")
+        assert "no-daemon-here.sock: socket file missing" in message and "ENGRAMD_SOCKET" in message
+        assert "ranks 0, 2" in message or "ranks 1, 3" in message
+
+
+def test_a_configuration_that_would_load_a_private_table_is_refused(engine):
+    for outcome in engine["ranks"]:
+        error = outcome["private_table"]["error"]
+        assert error.startswith("IntegrationError: ") and "dp_shared_memory=False" in error
+        assert "unset ENGRAMD_VLLM" in error
+
+
+def test_a_checkpoint_of_another_layout_is_refused_naming_both(engine):
+    checkpoints = engine["checkpoints"]
+    for outcome in engine["ranks"]:
+        error = outcome["other_layout"]["error"]
+        assert error.startswith("IntegrationError: engramd cannot serve vLLM's Engram table")
+        assert f"vLLM's model {checkpoints['other_layout']}" in error
+        assert f"serving checkpoint {checkpoints['served']}" in error and "fingerprint" in error
+
+
+def test_other_rows_in_the_same_layout_are_refused_when_vllm_loads_them(engine):
+    checkpoints, status = engine["checkpoints"], engine["status"]
+    for outcome in engine["ranks"]:
+        error = outcome["other_weights"]["error"]
+        assert error.startswith("IntegrationError: the Engram weights vLLM loads are not the table engramd serves")
+        assert f"vLLM's model {checkpoints['other_weights']}" in error
+        assert re.search(r"layers\.(1|14)\.engram\.embed\.(weight|scale) row \d+ differs from layer", error), error
+        assert f"checkpoint {checkpoints['served']} (fingerprint {status['fingerprint']}" in error
+
+
+def test_vllms_own_views_of_a_served_table_are_refused(engine):
+    for outcome in engine["ranks"]:
+        error = outcome["views"]["error"]
+        assert error.startswith("IntegrationError: ") and "UVA views" in error
+
+
+def plugin_load(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """vLLM's general-plugin load in a fresh process with the stand-in; prints what it left in place."""
+    code = ("import sys\nfrom vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+            "engram = sys.modules.get('vllm.models.deepseek_v41.common.engram')\n"
+            "print('patched' if engram and engram.DPSharedEngramStorage.__name__ == 'EngramdStorage' else "
+            "'untouched' if engram is None else 'imported, not patched')\n")
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (STANDIN, os.environ.get("PYTHONPATH")) if p), **env}
+    for name in ("ENGRAMD_VLLM", "STANDIN_VLLM_VERSION", "VLLM_PLUGINS"):
+        if name not in env:
+            full.pop(name, None)
+    return subprocess.run([sys.executable, "-P", "-c", code], env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_without_ENGRAMD_VLLM_the_plugin_leaves_vllm_untouched():
+    result = plugin_load({})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "untouched"  # not even vLLM's Engram module was imported
+    assert plugin_load({"ENGRAMD_VLLM": "0"}).stdout.strip() == "untouched"
+
+
+def test_an_unchecked_vllm_version_is_refused_when_vllm_loads_the_plugin():
+    result = plugin_load({"ENGRAMD_VLLM": "1", "STANDIN_VLLM_VERSION": "0.34.0"})
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("engram_client.core.errors.IntegrationError: engramd's vLLM plugin was checked against "
+                           "vLLM 0.33.0 only; this is vLLM 0.34.0"), result.stderr
+
+
+def test_an_unknown_ENGRAMD_VLLM_value_is_refused():
+    result = plugin_load({"ENGRAMD_VLLM": "yes"})
+    assert result.returncode != 0
+    assert "IntegrationError: ENGRAMD_VLLM='yes': set it to 1" in result.stderr
