@@ -21,11 +21,15 @@ def unit_text() -> str:
 
 
 def executable() -> str:
-    """The one program every Exec*= line runs."""
-    programs = {shlex.split(value)[0] for key, value in re.findall(r"^(Exec\w+)=(.*)$", unit_text(), re.M)}
-    assert len(programs) == 1, programs
-    (program,) = programs
-    assert os.path.isabs(program) and program.endswith("/engramd"), program
+    """The one engramd every Exec*= line that runs engramd runs; the others run system tools by
+    absolute path (the shm dir's chown, with systemd's ``+`` prefix: as root)."""
+    programs = {shlex.split(value)[0].lstrip("+-@!:") for key, value in re.findall(r"^(Exec\w+)=(.*)$", unit_text(), re.M)}
+    engramds = {program for program in programs if program.endswith("/engramd")}
+    assert len(engramds) == 1, programs
+    others = programs - engramds
+    assert all(os.path.isabs(program) and os.path.exists(program) for program in others), others
+    (program,) = engramds
+    assert os.path.isabs(program), program
     return program
 
 
