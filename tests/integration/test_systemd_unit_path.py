@@ -23,7 +23,8 @@ def unit_text() -> str:
 def executable() -> str:
     """The one engramd every Exec*= line that runs engramd runs; the others run system tools by
     absolute path (the shm dir's chown, with systemd's ``+`` prefix: as root)."""
-    programs = {shlex.split(value)[0].lstrip("+-@!:") for key, value in re.findall(r"^(Exec\w+)=(.*)$", unit_text(), re.M)}
+    lines = re.findall(r"^Exec\w+=(.*)$", unit_text(), re.M)
+    programs = {shlex.split(value)[0].lstrip("+-@!:") for value in lines}
     engramds = {program for program in programs if program.endswith("/engramd")}
     assert len(engramds) == 1, programs
     others = programs - engramds
