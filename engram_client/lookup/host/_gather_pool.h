@@ -234,12 +234,11 @@ static void job_wait_chunk(Job *job, int64_t chunk) {
         if (!take_block(job)) pause_briefly(&spins);
 }
 
-/* Wait for the whole job; afterwards no worker touches it, so it may be started again. */
-static void job_finish(Job *job) {
-    for (int64_t c = 0; c < job->nchunks; c++) job_wait_chunk(job, c);
+/* Take a job off its pool's list, if it is on it (the pool's lock is taken here). */
+static void job_unlist(Job *job) {
     Pool *pool = job->pool;
-    if (job->listed && pool != NULL) {
-        pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pool->lock);
+    if (job->listed) {
         for (Job **link = &pool->head; *link; link = &(*link)->next)
             if (*link == job) {
                 *link = job->next;
@@ -247,8 +246,15 @@ static void job_finish(Job *job) {
                 break;
             }
         job->listed = 0;
-        pthread_mutex_unlock(&pool->lock);
     }
+    pthread_mutex_unlock(&pool->lock);
+}
+
+/* Wait for the whole job; afterwards no worker touches it, so it may be started again. */
+static void job_finish(Job *job) {
+    for (int64_t c = 0; c < job->nchunks; c++) job_wait_chunk(job, c);
+    Pool *pool = job->pool;
+    if (job->listed && pool != NULL) job_unlist(job);
     int spins = 0;
     while (atomic_load(&job->users)) pause_briefly(&spins);
     if (pool) atomic_fetch_add(&pool->jobs_run, 1);

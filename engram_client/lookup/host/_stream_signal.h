@@ -102,19 +102,7 @@ static void signal_publish(Job *job) {
 static void signal_run_end(Job *job) {
     Signal *sig = job->signal;
     Pool *pool = job->pool;
-    if (pool != NULL && pool_usable(pool)) {
-        pthread_mutex_lock(&pool->lock);
-        if (job->listed) {
-            for (Job **link = &pool->head; *link; link = &(*link)->next)
-                if (*link == job) {
-                    *link = job->next;
-                    atomic_fetch_sub(&pool->listed_jobs, 1);
-                    break;
-                }
-            job->listed = 0;
-        }
-        pthread_mutex_unlock(&pool->lock);
-    }
+    if (pool != NULL && pool_usable(pool)) job_unlist(job);
     if (pool) atomic_fetch_add(&pool->jobs_run, 1);
     atomic_store(&sig->active, 0);
     if (sig->in_flight) atomic_fetch_sub(sig->in_flight, 1);
