@@ -14,6 +14,7 @@ import pytest
 from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import EngramError
 from engram_client.tools.serve_process import launch_serve
+from waiting import end_process
 
 
 def pytest_collection_modifyitems(config, items):
@@ -77,13 +78,8 @@ class DaemonProcess:
 
     def stop(self) -> None:
         self.connection.close()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            end_process(self.proc)
         if hasattr(self, "_log"):
             self._log.close()
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 
@@ -22,3 +23,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def end_process(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM ``proc`` if it still runs, SIGKILL it if it outlives ``grace`` seconds; reaped either way."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)

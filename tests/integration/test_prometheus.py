@@ -19,12 +19,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
-from waiting import free_port, wait_for
+from waiting import end_process, free_port, wait_for
 
 from promql_names import selectors, split_comparison
 from prometheus_tools import prometheus_tools
@@ -136,15 +135,7 @@ class Prometheus:
                 if a["labels"].get("instance") == instance}
 
     def stop(self) -> None:
-        if self.proc.poll() is not None:
-            self.log.close()
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        end_process(self.proc)
         self.log.close()
 
 
