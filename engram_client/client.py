@@ -115,7 +115,7 @@ class EngramClient:
             if state.seat.threads != self.lookup_config.gather_threads:
                 self.lookup_config = replace(self.lookup_config, gather_threads=state.seat.threads)
         for layer, lv in state.mapped.layers.items():
-            state.tables[layer] = self._new_table(lv, len(state.mapped.layers))
+            state.tables[layer] = self._new_table(lv, state.mapped)
         state.hasher = hasher_for(state.mapped)
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)
@@ -123,19 +123,33 @@ class EngramClient:
                                                       name="engram-client-heartbeat", daemon=True)
             state.heartbeat_thread.start()
 
-    def _new_table(self, lv, layer_count: int) -> LayerTable:
+    def _new_table(self, lv, mapped) -> LayerTable:
         """A table with this client's lookup config, for one layer's view (warmed on CUDA: the
         host path's first host function and kernel launch are slow, and belong to attach)."""
         config = self.lookup_config
-        cache = HotRowCache.for_budget(config.hot_cache_bytes // layer_count, lv.layout.head_dim, config.out_dtype,
-                                       self.device, refresh_every=config.hot_cache_refresh_every) \
-            if config.hot_cache_bytes else None
+        cache = HotRowCache.for_budget(config.hot_cache_bytes // len(mapped.layers), lv.layout.head_dim,
+                                       config.out_dtype, self.device, refresh_every=config.hot_cache_refresh_every) \
+            if config.hot_cache_bytes and config.path == "uva" else None
         table = LayerTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, config=config,
                             host_rows=lv.host_view, pool=self._state.pool, hot_cache=cache,
-                            before_call=self._before_call_hook())
+                            hbm_cache=self._hbm_cache(lv, mapped), before_call=self._before_call_hook())
         if table._host is not None and self.device.type == "cuda":
             table._host.warm(table)
         return table
+
+    def _hbm_cache(self, lv, mapped):
+        """The layer's HBM cache on the host path (its share of hot_cache_bytes), or None."""
+        config = self.lookup_config
+        if not config.hot_cache_bytes or config.path == "uva" or self._state.pool is None:
+            return None
+        from .lookup.host.hot_cache import cache_for_layer, layer_budgets
+
+        budget = layer_budgets(config.hot_cache_bytes, {k: v.hi - v.lo for k, v in mapped.layers.items()})
+        hot_list = getattr(mapped, "hot_list", None)
+        ranked = hot_list.ranked(lv.layout.layer) if hot_list is not None and lv.layout.layer in hot_list.layers \
+            else None
+        return cache_for_layer(budget[lv.layout.layer], lv.layout, lv.host_view, lv.lo, lv.hi, self.device,
+                               self._state.pool, self._state.stream, ranked)
 
     def _before_call_hook(self):
         """A hook for the tables that does not keep the client alive: a table reachable from
@@ -184,9 +198,9 @@ class EngramClient:
             for layer, lv in new.layers.items():
                 if layer in state.tables:
                     state.tables[layer].release()  # graphs captured on the old rows must not read them
-                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view)
+                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view, self._hbm_cache(lv, new))
                 else:
-                    state.tables[layer] = self._new_table(lv, len(new.layers))
+                    state.tables[layer] = self._new_table(lv, new)
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
             state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id, old.lease_secret)

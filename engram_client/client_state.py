@@ -57,6 +57,8 @@ class ClientState:
                 report = self.seat.report() if self.seat is not None and self.mapped is not None else None
                 if report is not None:
                     args["budget"] = report  # counters for status and metrics (protocol 1.3)
+                if self.mapped is not None and self.pool is not None:
+                    args["cache"] = self.cache_report()  # the HBM cache's counters (protocol 1.4)
                 reply = self.connection.request("heartbeat", args, timeout=interval)
                 self.lease_lost = False
             except UnknownClientError:
@@ -71,6 +73,11 @@ class ClientState:
                     self._reattach()
                 elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
                     self.refresh_pending = True
+
+    def cache_report(self) -> dict:
+        from .lookup.host.hot_cache import cache_report
+
+        return cache_report(self.pool, [t.hbm_cache for t in list(self.tables.values()) if t.hbm_cache is not None])
 
     def _reattach(self) -> None:
         """The daemon does not know our lease (it expired, or a new daemon runs): attach again.

@@ -65,7 +65,9 @@ class LookupConfig:
     # strict: wait() synchronizes and raises for its own lookup (docs/integration.md).
     strict_ids: bool = False
     gather_threads: int = 1  # the host path's pool, the calling thread included
-    hot_cache_bytes: int = 0  # GPU memory for the hot-row cache (UVA path), 0: none
+    # HBM for the hot-row cache, 0: none.  The host path's cache (host/hot_cache.py: packed rows, the
+    # node's frequency list and recent misses) on "host"/"auto"; the UVA path's own (uva/hot_rows.py) on "uva".
+    hot_cache_bytes: int = 0
     hot_cache_refresh_every: int = 16
     _uva_from: float = field(default=float("inf"), init=False, repr=False, compare=False)
 
@@ -90,8 +92,6 @@ class LookupConfig:
             raise ValueError(f"hot_cache_bytes must be a non-negative int, got {self.hot_cache_bytes!r}")
         if not isinstance(self.hot_cache_refresh_every, int) or self.hot_cache_refresh_every < 1:
             raise ValueError(f"hot_cache_refresh_every must be a positive int, got {self.hot_cache_refresh_every!r}")
-        if self.hot_cache_bytes and self.path == "host":
-            raise ValueError("the hot-row cache serves the UVA kernel: it needs lookup_path 'uva' or 'auto'")
         # Solve HOST_FIXED_S + n / host_rate > UVA_MARGIN * (UVA_FIXED_S + n / UVA_ROWS_PER_S) for n once.
         slope = 1 / (HOST_ROWS_PER_S_PER_THREAD * self.gather_threads) - UVA_MARGIN / UVA_ROWS_PER_S
         if slope > 0:
@@ -102,5 +102,5 @@ class LookupConfig:
         if self.path != "auto":
             return self.path
         if self.hot_cache_bytes:
-            return "uva"  # the cache lives in the UVA kernel
+            return "host"  # the HBM cache sits in front of the host gather
         return "uva" if ids > self._uva_from else "host"

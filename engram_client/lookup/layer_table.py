@@ -41,7 +41,8 @@ class LayerTable:
     config: LookupConfig = field(default_factory=LookupConfig)
     host_rows: torch.Tensor | None = None  # the same bytes in the host mapping (default: rows_view on CPU)
     pool: object = None  # the client's GatherPool (host path and CPU lookups)
-    hot_cache: HotRowCache | None = None
+    hot_cache: HotRowCache | None = None  # the UVA path's cache (lookup_path "uva")
+    hbm_cache: object = None  # the host path's HbmRowCache (host/hot_cache.py), or None
     before_call: Callable[[], None] | None = None  # the client's hook: an automatic refresh happens here
     retired: str | None = None  # why this table can no longer serve
     ledger: OutOfRangeLedger = field(init=False, repr=False)
@@ -57,7 +58,7 @@ class LayerTable:
         self.ledger = OutOfRangeLedger(self._describe)
         if self.pool is not None and self.host_rows is not None:
             self._host = HostPath(self.pool, self.head_dim, self.layout.row_bytes, self.device, self.stream,
-                                  self.config)
+                                  self.config, self.hbm_cache)
 
     # Read-only views of the config, for callers that read a table's options.
     @property
@@ -109,14 +110,19 @@ class LayerTable:
         return self._description
 
     def _swap(self, layout: LayerLayout, rows_view: torch.Tensor, row_lo: int, row_hi: int,
-              host_rows: torch.Tensor | None = None) -> None:
-        """Serve another generation's rows from now on (the client has drained the stream)."""
+              host_rows: torch.Tensor | None = None, hbm_cache=None) -> None:
+        """Serve another generation's rows from now on (the client has drained the stream and released
+        the old rows: graphs and the old HBM cache are disarmed); ``hbm_cache``: the new generation's."""
         same_rows = (layout.head_dim, layout.row_bytes) == (self.layout.head_dim, self.layout.row_bytes)
         self.layout, self.rows_view, self.row_lo, self.row_hi = layout, rows_view, row_lo, row_hi
         self._description = None
         self.host_rows = host_rows if host_rows is not None or rows_view.device.type != "cpu" else rows_view
+        self.hbm_cache = hbm_cache
         if self._host is not None and not same_rows:
-            self._host = HostPath(self.pool, self.head_dim, layout.row_bytes, self.device, self.stream, self.config)
+            self._host = HostPath(self.pool, self.head_dim, layout.row_bytes, self.device, self.stream, self.config,
+                                  hbm_cache)
+        elif self._host is not None:
+            self._host.cache = hbm_cache
         if self.hot_cache is not None:
             self.hot_cache.clear()  # cached rows are the old generation's
 

@@ -177,7 +177,8 @@ def test_two_processes_on_two_gpus(demo_daemon):
 @pytest.mark.parametrize("strategy", ["auto", "dedup", "direct"])
 def test_hot_row_cache_is_exact_and_gets_hits(demo_daemon, strategy):
     with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_strategy=strategy,
-                      hot_cache_bytes=8 << 20, hot_cache_refresh_every=4, strict_ids=True) as client:
+                      hot_cache_bytes=8 << 20, hot_cache_refresh_every=4, strict_ids=True,
+                      lookup_path="uva") as client:
         table = client.table(14)
         assert table.hot_cache is not None and table.max_programs >= 1
         rng = np.random.default_rng(7)

@@ -12,6 +12,7 @@ typedef struct Job {
     int64_t row_lo, row_hi, row_bytes;
     const void *ids;
     int ids64;
+    int skip_marked;               /* ids of SKIP_ID are rows the HBM cache holds: neither read nor counted bad */
     int64_t n, block_rows, nblocks, chunk_blocks, nchunks;
     uint8_t *staging;
     int64_t *bad_total;            /* caller-owned counter, added to atomically; may be NULL */
@@ -23,6 +24,11 @@ typedef struct Job {
     struct Job *next;
     Pool *pool;
 } Job;
+
+/* The classify kernel of the HBM cache (hot_cache_kernels.py) marks its hits so; it never passes a
+ * caller's id through unchanged where that id is out of range (it writes -2 instead), so a caller's -1
+ * is still counted bad. */
+#define SKIP_ID (-1)
 
 static inline int64_t id_at(const Job *job, int64_t i) {
     return job->ids64 ? ((const int64_t *)job->ids)[i] : (int64_t)((const int32_t *)job->ids)[i];

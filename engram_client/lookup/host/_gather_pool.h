@@ -28,6 +28,8 @@ struct Pool {
     pid_t pid;
     atomic_int refs;               /* the Python object and every StagedJob */
     atomic_llong jobs_run;
+    atomic_llong cache_hits, cache_misses;  /* ids of skip_marked jobs: skipped (in HBM), fetched from the table */
+    atomic_llong rows_fetched;     /* rows read from the table by every job */
     pthread_t *threads;
     SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */
     struct NodeBudget *_Atomic budget;  /* the node's gather budget, or NULL: this pool alone decides */
@@ -72,7 +74,7 @@ static void gather_block(Job *job, int64_t block) {
     int64_t lo = block * job->block_rows, hi = lo + job->block_rows;
     if (hi > job->n) hi = job->n;
     const int64_t rb = job->row_bytes;
-    int64_t bad = 0;
+    int64_t bad = 0, skipped = 0;
     if (job->table == NULL) {      /* a disarmed job (its client is gone): never read, all rows zero */
         memset(job->staging + lo * rb, 0, (size_t)((hi - lo) * rb));
         bad = hi - lo;
@@ -87,7 +89,9 @@ static void gather_block(Job *job, int64_t block) {
             if (far > near && i + far < hi) prefetch_first_line(job, i + far, hint);
             int64_t id = id_at(job, i);
             uint8_t *dst = job->staging + i * rb;
-            if (id < job->row_lo || id >= job->row_hi) {
+            if (id == SKIP_ID && job->skip_marked) {  /* served from the HBM cache: its staging row is never read */
+                skipped++;
+            } else if (id < job->row_lo || id >= job->row_hi) {
                 memset(dst, 0, (size_t)rb);
                 bad++;
 #if CAN_STREAM
@@ -104,6 +108,13 @@ static void gather_block(Job *job, int64_t block) {
 #if CAN_STREAM
     _mm_sfence();  /* streamed rows are visible before the block is counted done */
 #endif
+    if (job->pool && job->table) {
+        atomic_fetch_add(&job->pool->rows_fetched, hi - lo - skipped - bad);
+        if (job->skip_marked) {
+            atomic_fetch_add(&job->pool->cache_hits, skipped);
+            atomic_fetch_add(&job->pool->cache_misses, hi - lo - skipped - bad);
+        }
+    }
     if (bad) {
         atomic_fetch_add(&job->bad, bad);
         if (job->bad_total) __atomic_fetch_add(job->bad_total, bad, __ATOMIC_RELAXED);

@@ -201,6 +201,13 @@ static PyObject *pool_get_jobs_run(PoolObject *self, void *unused) {
     return PyLong_FromLongLong(self->pool ? atomic_load(&self->pool->jobs_run) : 0);
 }
 
+static PyObject *pool_get_cache_counts(PoolObject *self, void *unused) {
+    Pool *pool = self->pool;
+    return Py_BuildValue("(LLL)", pool ? (long long)atomic_load(&pool->cache_hits) : 0LL,
+                         pool ? (long long)atomic_load(&pool->cache_misses) : 0LL,
+                         pool ? (long long)atomic_load(&pool->rows_fetched) : 0LL);
+}
+
 static PyMethodDef pool_methods[] = {
     {"gather", (PyCFunction)pool_gather, METH_VARARGS,
      "gather(table, row_lo, row_hi, row_bytes, ids, ids64, n, out, counter) -> ids out of range.\n"
@@ -213,6 +220,8 @@ static PyGetSetDef pool_getset[] = {
     {"threads", (getter)pool_get_threads, NULL, "threads that gather, the caller's included", NULL},
     {"closed", (getter)pool_get_closed, NULL, "whether the workers are gone (closed, or a forked child)", NULL},
     {"jobs_run", (getter)pool_get_jobs_run, NULL, "jobs finished so far", NULL},
+    {"cache_counts", (getter)pool_get_cache_counts, NULL,
+     "(hits, misses, fetched): ids the HBM cache served and missed; rows read from the table", NULL},
     {"caller_gathers", (getter)pool_get_caller_gathers, NULL,
      "whether the calling thread is one of the gatherers (else: stream-signalled jobs)", NULL},
     {"budgeted", (getter)pool_get_budgeted, NULL, "whether it gathers on the node's budget", NULL},

@@ -71,8 +71,9 @@ static void test_slot_dealloc(SignalTestSlotObject *self) {
 static PyObject *test_slot_prepare(SignalTestSlotObject *self, PyObject *args) {
     unsigned long long table, ids, counter;
     long long row_lo, row_hi, n, nchunks;
-    int where, ids64;
-    if (!PyArg_ParseTuple(args, "KLLKipLKL", &table, &row_lo, &row_hi, &ids, &where, &ids64, &n, &counter, &nchunks))
+    int where, ids64, skip_marked = 0;  /* skip_marked: ids the HBM cache holds are SKIP_ID (hot_cache.py) */
+    if (!PyArg_ParseTuple(args, "KLLKipLKL|p", &table, &row_lo, &row_hi, &ids, &where, &ids64, &n, &counter, &nchunks,
+                          &skip_marked))
         return NULL;
     StagedState *state = self->state;
     if (!state || check_pool(state->job.pool)) return NULL;
@@ -85,7 +86,7 @@ static PyObject *test_slot_prepare(SignalTestSlotObject *self, PyObject *args) {
         PyErr_SetString(err_class(), "this staging slot is still in use by an earlier lookup");
         return NULL;
     }
-    int64_t bad = staged_prepare(state, table, row_lo, row_hi, ids, where, ids64, n, counter, nchunks);
+    int64_t bad = staged_prepare(state, table, row_lo, row_hi, ids, where, ids64, n, counter, nchunks, skip_marked);
     if (bad) return PyLong_FromLongLong(bad);
     if (!state->graph) atomic_fetch_add(&state->in_flight, 1);
     return PyLong_FromLong(0);

@@ -64,8 +64,9 @@ static int enqueue_fork(StagedState *state, CUstream caller, CUstream s) {
 /* The job's fields for one run; host ids are copied into pinned memory and counted on the way
  * (checked here, so that a bad call raises at once and enqueues nothing): returns the bad ones. */
 static int64_t staged_prepare(StagedState *state, uint64_t table, int64_t row_lo, int64_t row_hi, uint64_t ids,
-                              int where, int ids64, int64_t n, uint64_t counter, int64_t nchunks) {
+                              int where, int ids64, int64_t n, uint64_t counter, int64_t nchunks, int skip_marked) {
     Job *job = &state->job;
+    job->skip_marked = skip_marked;
     job->table = (const uint8_t *)(uintptr_t)table;
     job->row_lo = row_lo, job->row_hi = row_hi, job->row_bytes = state->row_bytes;
     job->ids64 = ids64;
@@ -84,9 +85,9 @@ static int64_t staged_prepare(StagedState *state, uint64_t table, int64_t row_lo
 static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
     unsigned long long caller, stream, table, ids, device_staging, counter;
     long long row_lo, row_hi, n, nchunks;
-    int where, ids64;
-    if (!PyArg_ParseTuple(args, "KKKLLKipLKKL", &caller, &stream, &table, &row_lo, &row_hi, &ids, &where, &ids64,
-                          &n, &device_staging, &counter, &nchunks))
+    int where, ids64, skip_marked = 0;
+    if (!PyArg_ParseTuple(args, "KKKLLKipLKKL|p", &caller, &stream, &table, &row_lo, &row_hi, &ids, &where, &ids64,
+                          &n, &device_staging, &counter, &nchunks, &skip_marked))
         return NULL;
     StagedState *state = self->state;
     if (!state || check_pool(state->job.pool)) return NULL;
@@ -107,7 +108,11 @@ static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
             cu_failed(cu.ctx_set_current(ctx), "cuCtxSetCurrent"))
             return NULL;
     }
-    int64_t bad = staged_prepare(state, table, row_lo, row_hi, ids, where, ids64, n, counter, nchunks);
+    if (skip_marked && (where != IDS_ON_DEVICE || !ids64)) {
+        PyErr_SetString(PyExc_ValueError, "ids marked by the HBM cache come from the device, as int64");
+        return NULL;
+    }
+    int64_t bad = staged_prepare(state, table, row_lo, row_hi, ids, where, ids64, n, counter, nchunks, skip_marked);
     if (bad) return PyLong_FromLongLong(bad);
     const size_t id_bytes = ids64 ? 8 : 4;
     /* Ids already in pinned memory and staging the stream has finished copying (the slot's last

@@ -60,20 +60,26 @@ def chunk_count(n: int, row_bytes: int, signalled: bool) -> int:
 
 
 class _Slot:
-    __slots__ = ("job", "staging", "keep")
+    __slots__ = ("job", "staging", "keep", "slotmap", "gather", "ids_dev", "ids_pinned")
 
-    def __init__(self, pool, capacity: int, row_bytes: int, stream: torch.cuda.Stream, graph: bool):
+    def __init__(self, pool, capacity: int, row_bytes: int, stream: torch.cuda.Stream, graph: bool, cached: bool):
         with torch.cuda.stream(stream):  # the prefetch stream owns it: reuse is stream-ordered
             # Created with the stream's device current: the job's CUDA events belong to its context.
             self.job = _host_gather.StagedJob(pool, capacity, row_bytes, graph, not pool.caller_gathers)
             self.staging = torch.empty(capacity * row_bytes, dtype=torch.uint8, device=stream.device)
-        self.keep = None  # a graph's host ids buffer, read at every replay
+            if cached:  # the HBM cache's per-call buffers (hot_cache.py)
+                self.slotmap = torch.empty(capacity, dtype=torch.int32, device=stream.device)
+                self.gather = torch.empty(capacity, dtype=torch.int64, device=stream.device)
+                self.ids_dev = torch.empty(capacity, dtype=torch.int64, device=stream.device)
+                self.ids_pinned = None if graph else torch.empty(capacity, dtype=torch.int64, pin_memory=True)
+        self.keep = None  # a graph's host ids buffer, read at every replay (and its cache's control word)
 
 
 class HostPath:
-    def __init__(self, pool, head_dim: int, row_bytes: int, device: torch.device, stream, config):
+    def __init__(self, pool, head_dim: int, row_bytes: int, device: torch.device, stream, config, cache=None):
         self.pool, self.head_dim, self.row_bytes, self.device = pool, head_dim, row_bytes, device
         self.stream, self.config = stream, config
+        self.cache = cache  # an HbmRowCache (hot_cache.py), or None
         self._slots: list[_Slot] = []
         self._graph_slots: list[_Slot] = []
         self._lock = threading.Lock()  # two threads prefetching on one table must not take one slot
@@ -129,6 +135,9 @@ class HostPath:
                 slot = self._graph_slot(flat, n, on_host)
             else:
                 slot = self._free_slot(n, table)
+            if self.cache is not None:
+                self._cached_enqueue(table, slot, flat, n, on_host, capturing, caller, out)
+                return self._handle(table, slot, flat, out, shape, on_host)
             bad = slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
                                    flat.data_ptr(), where, flat.dtype is torch.int64, n, slot.staging.data_ptr(),
                                    table.ledger.address, chunk_count(n, self.row_bytes, self.signalled))
@@ -137,11 +146,49 @@ class HostPath:
                                          "their rows were not read")
             self._dequant(slot.staging, out, n, self.stream, self._raw_stream)
             slot.job.finish(self._raw_stream)
+        return self._handle(table, slot, flat, out, shape, on_host)
+
+    def _handle(self, table, slot: _Slot, flat: torch.Tensor, out: torch.Tensor, shape, on_host: bool):
         out.record_stream(self.stream)
         if not on_host:
             flat.record_stream(self.stream)
         return PrefetchHandle(out, shape, table._describe(), event=slot.job, ledger=table.ledger,
                               strict=self.config.strict_ids, timeout=self.config.wait_timeout)
+
+    def _cached_enqueue(self, table, slot: _Slot, flat: torch.Tensor, n: int, on_host: bool, capturing: bool,
+                        caller: int, out: torch.Tensor) -> None:
+        """Classify on the GPU, gather only the misses, serve (hot_cache.py has the diagram).  Lock held."""
+        from .hot_cache_kernels import classify, serve
+
+        cache = self.cache
+        cache.check_call(n)
+        if on_host:
+            if capturing and not flat.is_pinned():
+                raise NotCapturableError("with the hot-row cache, ids from the host captured in a CUDA graph must be "
+                                         "in pinned memory (torch.empty(..., pin_memory=True)): each replay copies "
+                                         "them to the GPU, where the cache is looked up")
+            if not capturing:
+                bad = count_outside(flat.data_ptr(), flat.dtype is torch.int64, n, table.row_lo, table.row_hi)
+                if bad:
+                    raise IdsOutOfRangeError(f"{bad} of {n} ids are outside {table._describe()}; "
+                                             "their rows were not read")
+                slot.ids_pinned[:n].copy_(flat)  # the slot is free: its last copy from here has run
+                flat = slot.ids_pinned[:n]
+        if not capturing:  # (a capture has joined already) the kernels run after the caller's work so far
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            ids = flat
+            if on_host:
+                slot.ids_dev[:n].copy_(flat, non_blocking=True)
+                ids = slot.ids_dev
+            classify(ids, n, table.row_lo, table.row_hi, cache, slot.slotmap, slot.gather)
+            slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
+                             slot.gather.data_ptr(), IDS_ON_DEVICE, True, n, slot.staging.data_ptr(),
+                             table.ledger.address, chunk_count(n, self.row_bytes, self.signalled), True)
+            serve(slot.staging, out, n, slot.slotmap, slot.gather, cache)
+        slot.job.finish(self._raw_stream)
+        if capturing:
+            slot.keep = (slot.keep, cache.control)
 
     def _free_slot(self, n: int, table) -> _Slot:
         deadline = None
@@ -162,7 +209,7 @@ class HostPath:
             time.sleep(SLOT_POLL_S)
 
     def _new_slot(self, capacity: int, graph: bool) -> _Slot:
-        return _Slot(self.pool, capacity, self.row_bytes, self.stream, graph)
+        return _Slot(self.pool, capacity, self.row_bytes, self.stream, graph, self.cache is not None)
 
     def _graph_slot(self, flat: torch.Tensor, n: int, on_host: bool) -> _Slot:
         if on_host and not flat.is_contiguous():
@@ -184,4 +231,6 @@ class HostPath:
         """The client is closing (its stream drained): graphs that replay later must not read the table."""
         for slot in self._graph_slots:
             slot.job.disarm()
+        if self.cache is not None:
+            self.cache.disarm(self.stream)
         self._slots.clear()

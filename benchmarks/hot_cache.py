@@ -1,0 +1,131 @@
+"""The HBM hot-row cache on text: rows fetched from host memory and lookup time, with and without it.
+
+    python -m benchmarks.hot_cache [--table-gib 32] [--cache-percent 1] [--steps 60] [--json FILE]
+
+Starts a daemon on a demo table, tokenizes the bench's text (engram_client/tools/bench_text.py:
+CPython's topic docs and this project's docs, DeepSeek-V4's tokenizer and hash) and splits it: the
+first 70% of its tokens train the frequency list (each layer's rows counted over prefill windows,
+as ``engramd hot-rows build`` counts), the last 30% are the held-out workload.  For each mode
+(no cache; recency part only; the list's fixed part + recency) and each call size (a decode step of
+256 sequences, 6,144 ids; a 16,384-token prefill, 393,216 ids), it looks up held-out ids with ids
+on the GPU, each call's ids new (decode sequences advance a token a step; prefill windows follow
+each other): first ``--warm`` calls (4 for prefill; the recency part learns), then the timed ones, each
+synchronized (median of the GPU-visible time), and the rows the host gathered (the gather pool's
+own counts).  The fixed part is installed from the list in-process (HbmRowCache with the ranked
+ids), the same rows a served list would give.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.common import write_json
+
+SPLIT = 0.7
+
+
+def layer_counts(workload, tokens: torch.Tensor, window: int = 16384) -> np.ndarray:
+    """Row ids of one layer over prefill windows of ``tokens``, ranked most frequent first."""
+    seen = []
+    for start in range(0, tokens.numel(), window):
+        rows = workload.hasher.row_ids(tokens[start:start + window])
+        seen.append(np.ascontiguousarray(rows.numpy()[:, workload.layer_index]).reshape(-1))
+    ids, counts = np.unique(np.concatenate(seen), return_counts=True)
+    return ids[np.argsort(-counts, kind="stable")]
+
+
+def install(client, layer: int, budget: int, ranked) -> None:
+    from engram_client.lookup.host.hot_cache import HbmRowCache
+
+    rows = client.table(layer)._rows
+    cache = HbmRowCache(budget, rows.head_dim, rows.layout.row_bytes, rows.row_lo, rows.row_hi, client.device, ranked)
+    cache.load_fixed(client._state.pool, rows.host_rows, rows.row_lo, rows.row_hi, client._state.stream)
+    if rows._host.cache is not None:
+        rows._host.cache.disarm(client._state.stream)
+    rows.hbm_cache = rows._host.cache = cache
+
+
+def run_mode(client, table, calls, warm: int, steps: int) -> dict:
+    pool = client._state.pool
+    for ids in calls[:warm]:
+        table.lookup(ids)
+    torch.cuda.synchronize()
+    before = pool.cache_counts[2]
+    times = []
+    for ids in calls[warm:warm + steps]:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        table.lookup(ids)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    fetched = (pool.cache_counts[2] - before) / len(times)
+    return {"median_ms": statistics.median(times) * 1e3, "fetched_per_call": fetched, "ids": calls[0].numel()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table-gib", type=float, default=32.0)
+    parser.add_argument("--cache-percent", type=float, default=1.0, help="of each layer's rows")
+    parser.add_argument("--warm", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--layer", type=int, default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    from engram_client import EngramClient
+    from engram_client.tools.bench import start_daemon
+    from engram_client.tools.bench_text import DECODE_SEQUENCES, TextWorkload
+
+    proc, endpoint, _ = start_daemon(args.table_gib, 16)
+    results = {"table_gib": args.table_gib, "cache_percent": args.cache_percent, "modes": {}}
+    try:
+        with EngramClient(endpoint=endpoint, device="cuda:0", timeout=600) as probe:
+            layouts = [probe.table(layer).layout for layer in probe.layers]
+            layer = args.layer if args.layer is not None else probe.layers[0]
+            rows_in_layer = probe.table(layer).num_rows
+        workload = TextWorkload(layouts, layer, 4)
+        total = workload.tokens.numel()
+        train = workload.tokens[:int(total * SPLIT)]
+        started = time.perf_counter()
+        ranked = layer_counts(workload, train)
+        results["list_seconds"] = time.perf_counter() - started
+        results["tokens"] = {"train": train.numel(), "held_out": total - train.numel()}
+        # Held-out calls: prefill windows and decode sequences start in the last 30%.
+        held_from = int(total * SPLIT)
+        workload._prefill_at = held_from
+        workload._decode_at = held_from + torch.arange(DECODE_SEQUENCES) * ((total - held_from) // DECODE_SEQUENCES) + 4
+        need = args.warm + args.steps
+        decode = [workload.decode().cuda() for _ in range(need)]
+        prefill = [workload.prefill(16384).cuda() for _ in range(max(4, (total - held_from) // 16384))]
+        # --cache-percent of the layer's rows in all (half fixed, half recency), with their keys and stamps.
+        budget = int(rows_in_layer * args.cache_percent / 100 * (264 + 16))
+        results["cache_bytes_per_layer"] = budget
+        for mode in ("none", "recency", "list+recency"):
+            with EngramClient(endpoint=endpoint, device="cuda:0", timeout=600,
+                              hot_cache_bytes=0 if mode == "none" else budget * len(layouts)) as client:
+                if mode != "none":
+                    install(client, layer, budget, ranked if mode == "list+recency" else None)
+                table = client.table(layer)
+                results["modes"][mode] = {
+                    "decode": run_mode(client, table, decode, args.warm, args.steps),
+                    "prefill": run_mode(client, table, prefill, 4, len(prefill) - 4)}
+                print(mode, results["modes"][mode], flush=True)
+        base = results["modes"]["none"]
+        for mode in ("recency", "list+recency"):
+            for kind in ("decode", "prefill"):
+                got = results["modes"][mode][kind]
+                got["fetched_ratio"] = got["fetched_per_call"] / base[kind]["fetched_per_call"]
+                got["time_ratio"] = got["median_ms"] / base[kind]["median_ms"]
+        write_json(args.json, results)
+        print(results)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
