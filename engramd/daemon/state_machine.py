@@ -285,11 +285,10 @@ class Daemon:
                 "boot_id": self.boot_id, "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint,
                 "budget": self.budget.describe() if self.budget is not None else None}
 
-    def heartbeat(self, client_id: str, secret: str = "", budget: dict | None = None) -> dict[str, Any]:
-        lease = self.leases.renew(client_id, secret)
+    def heartbeat(self, client_id: str, secret: str = "", **reports: dict | None) -> dict[str, Any]:
+        lease = self.leases.renew(client_id, secret, reports)  # budget, cache: the client's counters
         if lease is None:
             raise UnknownClientError(f"no lease {client_id!r}: it expired or was granted by an earlier daemon; attach again")
-        lease.budget = budget if budget is not None else lease.budget  # the client's counters (gather_budget.py)
         return {"boot_id": self.boot_id, "generation": self.generation, "lease_generation": lease.generation,
                 "lease_seconds": self.config.lease_seconds}
 

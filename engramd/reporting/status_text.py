@@ -62,7 +62,18 @@ def _client_line(client: dict[str, Any], served: int) -> str:
     heartbeat = "no heartbeat yet" if age is None else f"heartbeat {age:.1f} s ago"
     line = (f"  {client['id']:<14} pid {client['pid']:<8} on {client.get('host', '?')}  {client['device']:<8} "
             f"{rank:<8} {on}  attached {_clock(client.get('attached_at'))}, {heartbeat}")
-    return line + _client_budget(client.get("budget"))
+    return line + _client_budget(client.get("budget")) + _client_cache(client.get("cache"))
+
+
+def _client_cache(cache: dict[str, Any] | None) -> str:
+    """A client's HBM row cache, as its heartbeats report it (totals over its layers)."""
+    if not cache:
+        return ""
+    looked = cache.get("hits", 0) + cache.get("misses", 0)
+    rate = f"{cache.get('hits', 0) / looked:.1%} hits" if looked else "no lookups yet"
+    return (f"\n{'':16}row cache: {rate} ({cache.get('hits', 0):,} hits, {cache.get('misses', 0):,} misses), "
+            f"{cache.get('fetched', 0):,} rows fetched from host memory; {human_bytes(cache.get('bytes', 0))} of "
+            f"HBM holding {cache.get('fixed_rows', 0):,} listed and {cache.get('recent_rows', 0):,} recent rows")
 
 
 def _client_budget(budget: dict[str, Any] | None) -> str:
