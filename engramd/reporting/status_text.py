@@ -23,7 +23,7 @@ SHOWN_FIELDS = frozenset({
     "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
     "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
     "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing", "gather_budget",
-    "huge_pages",
+    "huge_pages", "hot_rows", "hot_rows_error",
 })
 
 
@@ -52,6 +52,8 @@ def _generation_line(entry: dict[str, Any], served: int) -> str:
     line = f"  generation {entry['generation']:<3} {role}, {held}, {entry.get('path') or 'no complete file yet'}"
     if entry.get("retiring") and clients:
         line += "  (kept until they refresh or the retire grace period ends)"
+    line += f"  (hot rows {entry['hot_rows']})" if entry.get("hot_rows") else ""
+    line += f"  ({entry['hot_rows_error']})" if entry.get("hot_rows_error") else ""
     return line + (f"  ({entry['error']})" if entry.get("error") else "")
 
 
@@ -106,6 +108,16 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _hot_rows_line(hot: dict[str, Any] | None, error: str | None) -> str:
+    if not hot:
+        return "hot rows    " + (error or "no list served (no --hot-rows): ranks' caches have no fixed part")
+    layers = ", ".join(f"layer {layer}: {count:,} rows" for layer, count in hot["layers"].items())
+    built = hot.get("built_from") or {}
+    return (f"hot rows    {hot['path']} (from {hot.get('source')}, {human_bytes(hot['bytes'])}): {layers}; built "
+            f"from {built.get('tokens', 0):,} tokens of {built.get('files_total', 0)} file(s) at "
+            f"{built.get('built_at', '?')}")
+
+
 def _files_line(status: dict[str, Any]) -> str:
     files = status.get("files") or []
     if files:
@@ -154,6 +166,7 @@ def render_status(status: dict[str, Any]) -> list[str]:
     lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")
     lines.extend(_budget_lines(status.get("gather_budget")))
     lines.append(_pages_line(status.get("huge_pages")))
+    lines.append(_hot_rows_line(status.get("hot_rows"), status.get("hot_rows_error")))
     clients = status["clients"]
     total = status.get("clients_total", len(clients))  # a 1.1 daemon lists every client
     shown = "" if total == len(clients) else f"; the oldest {len(clients)} listed"
