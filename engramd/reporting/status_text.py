@@ -57,14 +57,16 @@ def _generation_line(entry: dict[str, Any], served: int) -> str:
     return line + (f"  ({entry['error']})" if entry.get("error") else "")
 
 
-def _client_line(client: dict[str, Any], served: int) -> str:
+def _client_lines(client: dict[str, Any], served: int) -> list[str]:
     rank = "no rank" if client.get("rank") is None else f"rank {client['rank']}"
     on = f"generation {client['generation']}" + ("" if client.get("generation") == served else " (old)")
     age = client.get("last_heartbeat_age_s")
     heartbeat = "no heartbeat yet" if age is None else f"heartbeat {age:.1f} s ago"
     line = (f"  {client['id']:<14} pid {client['pid']:<8} on {client.get('host', '?')}  {client['device']:<8} "
             f"{rank:<8} {on}  attached {_clock(client.get('attached_at'))}, {heartbeat}")
-    return line + _client_budget(client.get("budget")) + _client_cache(client.get("cache"))
+    # Lines of their own: a newline inside one line would reach the terminal escaped (printable).
+    return [line] + [f"{'':16}{extra}" for extra in (_client_budget(client.get("budget")),
+                                                   _client_cache(client.get("cache"))) if extra]
 
 
 def _client_cache(cache: dict[str, Any] | None) -> str:
@@ -73,7 +75,7 @@ def _client_cache(cache: dict[str, Any] | None) -> str:
         return ""
     looked = cache.get("hits", 0) + cache.get("misses", 0)
     rate = f"{cache.get('hits', 0) / looked:.1%} hits" if looked else "no lookups yet"
-    return (f"\n{'':16}row cache: {rate} ({cache.get('hits', 0):,} hits, {cache.get('misses', 0):,} misses), "
+    return (f"row cache: {rate} ({cache.get('hits', 0):,} hits, {cache.get('misses', 0):,} misses), "
             f"{cache.get('fetched', 0):,} rows fetched from host memory; {human_bytes(cache.get('bytes', 0))} of "
             f"HBM holding {cache.get('fixed_rows', 0):,} listed and {cache.get('recent_rows', 0):,} recent rows")
 
@@ -82,7 +84,7 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
     """A client's share of the gather budget, as its heartbeats report it."""
     if not budget:
         return ""
-    return (f"\n{'':16}gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
+    return (f"gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
             f"{budget.get('cpus')} (group {budget.get('group')}, {budget.get('tokens')} tokens), holds "
             f"{budget.get('held', 0)}; {budget.get('rows', 0):,} rows gathered, {budget.get('wait_s', 0.0):.3f} s "
             f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts")
@@ -171,7 +173,8 @@ def render_status(status: dict[str, Any]) -> list[str]:
     total = status.get("clients_total", len(clients))  # a 1.1 daemon lists every client
     shown = "" if total == len(clients) else f"; the oldest {len(clients)} listed"
     lines.append(f"clients     {total} (a client silent for {status.get('lease_seconds')} s is dropped{shown})")
-    lines.extend(_client_line(client, served) for client in clients)
+    for client in clients:
+        lines.extend(_client_lines(client, served))
     lines.append(f"events      {status.get('events_endpoint')}")
     return [printable(line) for line in lines]
 
