@@ -111,3 +111,18 @@ def test_a_damaged_list_stops_serve_at_once(tmp_path, socket_dir):
     result = CliRunner().invoke(main, [*args, "--config", str(config)])
     assert result.exit_code == 1
     assert f"{config}: hot_rows: {tmp_path / 'missing.hot'}: cannot open the hot-row list" in result.stderr
+
+
+def test_a_restart_that_re_adopts_the_table_publishes_the_list_again(daemon_factory, models):
+    root, hot_path = models
+    args = ("--checkpoint", str(root / "a"), "--hot-rows", str(hot_path))
+    daemon = daemon_factory(*args)
+    before = daemon.wait_state("ready")["hot_rows"]
+    daemon.kill()
+    assert hot_files(daemon) == [before["path"]]  # a crash leaves it, as it leaves the table
+    restarted = daemon_factory(*args)
+    status = restarted.wait_state("ready")
+    assert status["adopted"] and status["hot_rows"]["path"] == before["path"]
+    assert status["hot_rows"]["sha256"] == before["sha256"] and hot_files(restarted) == [before["path"]]
+    with EngramClient(endpoint=restarted.endpoint, device="cpu") as client:
+        assert client._state.mapped.hot_list.sha256 == before["sha256"]
