@@ -137,6 +137,30 @@ def _integer(raw: Any, name: str, low: int, high: int, where: str) -> int:
     return raw
 
 
+# What built_from may hold, and how much of it: it reaches status replies and operators' terminals.
+BUILT_FROM = {"checkpoint": str, "files": list, "files_total": int, "tokens": int, "built_at": str}
+MAX_TEXT_CHARS = 4096
+
+
+def _built_from(raw: dict, where: str) -> dict[str, Any]:
+    """The known fields of ``built_from``, checked (others are dropped: a later writer may add some)."""
+    kept = {}
+    for name, kind in BUILT_FROM.items():
+        if name not in raw:
+            continue
+        value = raw[name]
+        if kind is int:
+            value = _integer(value, f"built_from.{name}", 0, 1 << 62, where)
+        elif kind is str:
+            if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+                raise HotListError(f"{where}: built_from.{name} must be a string of at most {MAX_TEXT_CHARS} characters")
+        elif not isinstance(value, list) or len(value) > MAX_FILES_NAMED or \
+                not all(isinstance(v, str) and len(v) <= MAX_TEXT_CHARS for v in value):
+            raise HotListError(f"{where}: built_from.{name} must be a list of at most {MAX_FILES_NAMED} file names")
+        kept[name] = value
+    return kept
+
+
 def _parse_header(blob: bytes, where: str) -> tuple[str, list[HotLayer], dict[str, Any]]:
     try:
         meta = json.loads(blob)
@@ -158,7 +182,9 @@ def _parse_header(blob: bytes, where: str) -> tuple[str, list[HotLayer], dict[st
                               _integer(raw.get("count"), "count", 0, rows, at)))
     if len({info.layer for info in infos}) != len(infos):
         raise HotListError(f"{where}: layers {[info.layer for info in infos]} repeat a layer")
-    return meta["fingerprint"], infos, meta.get("built_from", {})
+    if len(meta["fingerprint"]) > MAX_TEXT_CHARS:
+        raise HotListError(f"{where}: the fingerprint is longer than {MAX_TEXT_CHARS} characters")
+    return meta["fingerprint"], infos, _built_from(meta.get("built_from", {}), where)
 
 
 def _check_layer(ids: np.ndarray, counts: np.ndarray, info: HotLayer, where: str) -> None:

@@ -124,6 +124,20 @@ def test_huge_declared_counts_are_refused_before_anything_is_read(tmp_path):
         read_hot_list(write(tmp_path, rebuilt(repeated)))
 
 
+def test_built_from_keeps_known_fields_of_the_right_kind(tmp_path):
+    def extra(meta):
+        meta["built_from"]["by"] = {"nested": [1, 2]}
+    assert read_hot_list(write(tmp_path, rebuilt(extra))).built_from == BUILT  # unknown fields dropped
+    for name, value, message in (("tokens", "many", "built_from.tokens must be an integer"),
+                                 ("files", ["a"] * 100, "at most 64 file names"),
+                                 ("files", [3], "at most 64 file names"),
+                                 ("built_at", "x" * 5000, "built_from.built_at must be a string")):
+        def bad(meta):
+            meta["built_from"][name] = value
+        with pytest.raises(HotListError, match=message):
+            read_hot_list(write(tmp_path, rebuilt(bad)))
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda lists: lists[2][0].__setitem__(1, 204), r"layer 2: row id 204 at rank 1 is outside .*\[0, 204\)"),
     (lambda lists: lists[5][0].__setitem__(0, -1), "row id -1 at rank 0 is outside"),
