@@ -9,7 +9,7 @@ from .core.errors import (CheckpointError, CudaRegistrationError, DaemonUnavaila
                      NotReadyError, ConfigError,
                      ProtocolError, RequestError, ShmSpaceError, TableFileError, UnknownClientError,
                      UnknownLayerError)
-from .core.errors import HasherUnavailableError, IntegrationError, SocketRefusedError, TokenIdsError
+from .core.errors import HasherUnavailableError, HotListError, IntegrationError, SocketRefusedError, TokenIdsError
 from .core.endpoints import default_endpoint
 from .core.protocol import PROTOCOL_VERSION
 from .core.version import __version__
@@ -20,7 +20,7 @@ __all__ = [
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
     "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
     "UnknownLayerError", "TokenIdsError", "HasherUnavailableError", "SocketRefusedError",
-    "IntegrationError",
+    "IntegrationError", "HotListError",
 ]
 _LAZY = {"EngramClient": ".client", "EngramTable": ".lookup.table", "PrefetchHandle": ".lookup.prefetch"}
 

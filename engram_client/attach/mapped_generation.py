@@ -1,14 +1,18 @@
 """One table generation as a client holds it: the read-only mapping and, on CUDA, its
-registrations and GPU views, one per layer (whole, or the rows of ``row_ranges``)."""
+registrations and GPU views, one per layer (whole, or the rows of ``row_ranges``), and the hot-row
+list the daemon serves with it (``hot_list``: hot_rows.py; None without one)."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ..core.errors import CudaRegistrationError, TableFileError
 from ..core.layout import LayerLayout
+from ..core.hot_list import HotList
+from .hot_rows import open_hot_list
 from .mapping import ReadOnlyMapping, open_table_file
 from ..core.table_file import read_header
 
@@ -34,6 +38,8 @@ class MappedGeneration:
     mapping: ReadOnlyMapping | None = None
     registrations: list = field(default_factory=list)
     layers: dict[int, LayerView] = field(default_factory=dict)
+    hot_list: HotList | None = None  # the daemon's hot-row list for this table (protocol 1.4)
+    hot_list_seconds: float = 0.0  # how long reading and checking it took at attach
 
     @classmethod
     def open(cls, reply: dict, device: torch.device, row_ranges: dict[int, tuple[int, int]],
@@ -54,6 +60,10 @@ class MappedGeneration:
                 raise ValueError(f"row_ranges names layers {sorted(unknown)} that the table does not have")
             mapped = cls(reply["generation"], path, header.fingerprint, reply["client_id"],
                          reply.get("lease_secret", ""))
+            began = time.monotonic()
+            mapped.hot_list = open_hot_list(reply.get("hot_rows"), path, [e.layout for e in header.layers],
+                                            header.fingerprint, daemon_uid)
+            mapped.hot_list_seconds = time.monotonic() - began
             mapping = ReadOnlyMapping(path, header.total_bytes, fd)
         finally:
             os.close(fd)

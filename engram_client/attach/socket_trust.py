@@ -91,13 +91,14 @@ def check_reply_sender(socket_path: str, peer_address: str | None, socket_file: 
                                  "posing as engramd there")
 
 
-def check_table_owner(path: str, info: os.stat_result, daemon_uid: int | None = None) -> None:
-    """Raise TableFileError unless ``info`` (fstat of the opened table file) is a regular file of
-    root, this user, a group of this user (the daemon's ``--group``), or ``daemon_uid`` (the owner
-    of the socket file this client checked and talks through)."""
+def check_table_owner(path: str, info: os.stat_result, daemon_uid: int | None = None, kind: str = "table file",
+                      error: type[Exception] = TableFileError) -> None:
+    """Raise ``error`` unless ``info`` (fstat of the opened table file, or of another file the daemon
+    publishes beside it: ``kind``) is a regular file of root, this user, a group of this user (the
+    daemon's ``--group``), or ``daemon_uid`` (the owner of the socket file this client checked and talks through)."""
     if not stat.S_ISREG(info.st_mode):
-        raise TableFileError(f"refusing to map {path}: it is not a regular file")
+        raise error(f"refusing to map {path}: it is not a regular file")
     if not (_trusted(info) or (daemon_uid is not None and info.st_uid == daemon_uid)):
-        raise TableFileError(f"refusing to map {path}: the table file belongs to {_owner(info)}, which is neither "
-                             "root, this user, nor a group of this user (the daemon's --group); another user's "
-                             "file is not engramd's table")
+        raise error(f"refusing to map {path}: the {kind} belongs to {_owner(info)}, which is neither "
+                    "root, this user, nor a group of this user (the daemon's --group); another user's "
+                    f"file is not engramd's {kind}")

@@ -20,6 +20,7 @@
     ├── UnknownLayerError            ``client.table(layer)`` for a layer the table lacks, or not an int
     ├── TokenIdsError                token ids the hasher cannot hash (dtype, shape, range)
     ├── HasherUnavailableError       the served table has no token map to hash with
+    ├── HotListError                 a hot-row list that is damaged, or built for another table
     └── IntegrationError             an engine integration that cannot serve what the engine asks
                                      (its version, its layout, its weights; names what and where)
 
@@ -126,6 +127,12 @@ class TokenIdsError(EngramError, ValueError):
 
 class HasherUnavailableError(EngramError):
     code = "hasher_unavailable"
+
+
+class HotListError(EngramError):
+    """A hot-row list (hot_list.py) that cannot be read, or that does not fit the table it is served with."""
+
+    code = "bad_hot_list"
 
 
 class IntegrationError(EngramError):

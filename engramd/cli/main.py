@@ -1,6 +1,7 @@
 """The engramd command line: the group, and reload, inspect, synth, keys, demo, bench.
 
-``serve`` (cli/serve.py), ``status`` (cli/status.py) and ``stop`` (cli/stop.py) have files of their own.  A
+``serve`` (cli/serve.py), ``status`` (cli/status.py), ``stop`` (cli/stop.py) and ``hot-rows`` (cli/hot_rows.py)
+have files of their own.  A
 stable contract for operators and scripts: ``status`` exits 0 iff the table is
 ready, 1 if the daemon answers but is not ready, 3 if no daemon answers; every
 other command exits non-zero with one ``error:`` line naming what is wrong, made
@@ -219,8 +220,10 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
 from .serve import serve  # noqa: E402  (after main exists; serve.py needs nothing from here)
 from .status import status  # noqa: E402
 from .stop import stop  # noqa: E402
+from .hot_rows import hot_rows  # noqa: E402
 
 main.add_command(serve)
+main.add_command(hot_rows)
 main.add_command(status)
 main.add_command(stop)
 

@@ -108,6 +108,9 @@ SETTINGS = [
     Setting("gather_cpus", str, None, "The node's gather budget, shared by every rank: CPUs (0-13,16-29), a share "
             "of them (75%), or off (each rank sizes its own pool) [default: every CPU less one per GPU].",
             metavar="LIST|N%|off", field="gather_cpus"),
+    Setting("hot_rows", click.Path(dir_okay=False), None, "A hot-row list (engramd hot-rows build) for the ranks' HBM "
+            "row cache; it must fit the table, else the first load fails (a reload serves without it).",
+            metavar="FILE", field="hot_rows"),
     Setting("demo_vocab_size", int, None, f"Vocab size of the demo table [default: {DEMO_VOCAB_SIZE}].",
             field="demo_vocab_size", to_config=lambda value: DEMO_VOCAB_SIZE if value is None else value),
     Setting("demo_seed", int, DEFAULTS["demo_seed"], "Seed of the demo table.", field="demo_seed"),

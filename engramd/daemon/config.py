@@ -31,6 +31,7 @@ class ServeConfig:
     metrics_address: str = "127.0.0.1"
     numa_node: int | None = None
     gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
+    hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
 
     def __post_init__(self) -> None:
@@ -90,5 +91,13 @@ class ServeConfig:
         if self.max_load_rate is not None and self.max_load_rate <= 0:
             # Given in MB/s on the command line and in settings; said back the same way.
             raise ConfigError(f"--max-load-rate must be positive, got {self.max_load_rate / 1e6:g} MB/s")
+        if self.hot_rows is not None:  # read now, so a damaged list stops `serve` at once; each load reads it again
+            from engram_client.core.errors import HotListError
+            from engram_client.core.hot_list import read_hot_list
+            self.hot_rows = os.path.abspath(self.hot_rows)
+            try:
+                read_hot_list(os.path.realpath(self.hot_rows))
+            except HotListError as exc:
+                raise ConfigError(f"--hot-rows: {exc}") from exc
         if self.demo_vocab_size < 1:
             raise ConfigError(f"--demo-vocab-size must be positive, got {self.demo_vocab_size}")

@@ -25,11 +25,14 @@ class Generation:
     retired_at: float | None = None  # monotonic time it stopped being the served one
     by_reload: bool = False  # started by the reload operation, not by the process's first load
     huge_pages: dict | None = None  # its file's huge-page coverage, measured once ready (huge_pages.py)
+    hot_rows: dict | None = None  # the hot-row list published with it (shm/hot_rows_file.py), as status says it
+    hot_rows_error: str | None = None  # why it is served without the --hot-rows list
 
     def describe(self, clients: int) -> dict[str, Any]:
         return {"generation": self.number, "state": self.state, "checkpoint": self.checkpoint or "<demo>",
                 "path": self.path, "clients": clients, "adopted": self.adopted, "error": self.error,
-                "retiring": self.retired_at is not None, "load": self.progress.snapshot()}
+                "retiring": self.retired_at is not None, "load": self.progress.snapshot(),
+                "hot_rows": self.hot_rows["path"] if self.hot_rows else None, "hot_rows_error": self.hot_rows_error}
 
     def file_problem(self) -> str | None:
         """Why this ready generation's file can no longer be served, or None.  It must still hold

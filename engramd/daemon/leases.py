@@ -15,6 +15,8 @@ from typing import Any
 
 from ..guards.lease_limits import PER_PEER, PER_PROCESS, PER_USER, TOTAL, Holder, LeaseLimitError
 
+REPORTS = ("budget", "cache")  # what a heartbeat may report, kept on its lease
+
 
 @dataclass
 class Lease:
@@ -29,11 +31,13 @@ class Lease:
     attached_at: float = field(default_factory=time.time)
     renewed_at: float = field(default_factory=time.monotonic)
     budget: dict | None = None  # the gather budget counters its heartbeats report (protocol 1.3)
+    cache: dict | None = None  # its HBM row cache's counters, as its heartbeats report them (1.4)
 
     def to_dict(self, now: float) -> dict[str, Any]:
         return {"id": self.id, "pid": self.pid, "host": self.host, "rank": self.rank, "device": self.device,
                 "generation": self.generation, "attached_at": self.attached_at,
-                "last_heartbeat_age_s": round(now - self.renewed_at, 3), "budget": self.budget}
+                "last_heartbeat_age_s": round(now - self.renewed_at, 3), "budget": self.budget,
+                "cache": self.cache}
 
 
 class LeaseRegistry:
@@ -77,10 +81,17 @@ class LeaseRegistry:
             return None
         return lease
 
-    def renew(self, client_id: str, secret: str) -> Lease | None:
+    def renew(self, client_id: str, secret: str, reports: dict[str, dict | None] | None = None) -> Lease | None:
+        """Renew a lease; ``reports``: the counters its heartbeat carries (``budget``: gather_budget.py,
+        ``cache``: cache_report.py), each kept until the next one that carries it."""
         lease = self._held(client_id, secret)
         if lease is not None:
             lease.renewed_at = time.monotonic()
+            for name, report in (reports or {}).items():
+                if name not in REPORTS:
+                    raise ValueError(f"no report {name!r} on a lease")
+                if report is not None:
+                    setattr(lease, name, report)
         return lease
 
     def release(self, client_id: str, secret: str) -> bool:

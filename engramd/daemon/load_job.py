@@ -1,10 +1,16 @@
 """The load job: plan one generation's table, re-adopt a predecessor's or fill a new file, and report.
 
-    plan ──▶ adopt? ──yes──▶ on_ready(generation)
-               │no
-               ▼
-    reserve ──▶ fill ──▶ verify the files unchanged ──▶ publish ──▶ on_ready(generation)
+    plan ──▶ hot-row list fits? ──▶ adopt? ──yes──▶ publish the list ──▶ on_ready(generation)
+                                     │no                ▲
+                                     ▼                  │
+    reserve ──▶ fill ──▶ verify the files unchanged ──▶ publish
     any failure (not a cancellation) ──▶ on_failed(generation)
+
+A ``--hot-rows`` list that does not fit the table (or cannot be read or published) fails the
+process's first load of its configured checkpoint, before a row is copied: an operator who
+asked for a list learns at start that it is wrong.  Any other load (a reload, or a start that
+resumes a reload's checkpoint) is served without the list, saying why in status and the log:
+a list never takes a served table down, nor keeps a new one from being served.
 
 Runs on the daemon's load thread, one job at a time.  It writes only its own
 generation (header, path, files, progress, and error and state on failure) and
@@ -28,6 +34,7 @@ from ..guards.checkpoint_guard import CheckpointGuard
 from .config import ServeConfig
 from .generation import Generation
 from ..loading.loader import CheckpointSource, DemoSource, fill_table
+from ..shm import hot_rows_file
 from ..shm.numa import bind_this_thread
 from ..reporting.sizes import human_bytes
 from ..shm.table_files import ShmDir
@@ -84,6 +91,41 @@ class LoadJob:
         log.info("re-adopted %s (generation %d) without reloading", path, number)
         return True
 
+    def _hot_list_failed(self, exc: EngramError) -> None:
+        """A list that does not fit: the first load of --checkpoint fails, any other goes on without it."""
+        generation = self.generation
+        if not generation.by_reload and generation.checkpoint == self.config.checkpoint:
+            raise exc
+        generation.hot_rows, generation.hot_rows_error = None, f"served without the hot-row list: {exc}"
+        log.warning("generation %d is %s", generation.number, generation.hot_rows_error)
+
+    def _hot_list(self, header: TableHeader):
+        if self.config.hot_rows is None:
+            return None
+        try:
+            return hot_rows_file.fitting_list(self.config.hot_rows, [e.layout for e in header.layers],
+                                              header.fingerprint)
+        except EngramError as exc:
+            self._hot_list_failed(exc)
+            return None
+
+    def _publish_hot_list(self, hot) -> None:
+        """The list's copy beside the table file, before the generation is served."""
+        if hot is None:
+            return
+        shm, generation = self.shm, self.generation
+        try:
+            generation.hot_rows = hot_rows_file.publish(hot, self.config.hot_rows, generation.path,
+                                                        shm.file_mode, shm.gid)
+        except EngramError as exc:
+            try:
+                self._hot_list_failed(exc)
+            except EngramError:
+                if generation.path is not None and not generation.adopted:
+                    shm.unlink(generation.path)  # a first load that fails here leaves no table behind
+                    generation.path = None
+                raise
+
     def run(self) -> None:
         generation = self.generation
         writer = source = None
@@ -91,7 +133,9 @@ class LoadJob:
             header, make_source, files = self._plan()
             generation.files = files
             guard = CheckpointGuard(files)  # before the first row is read
+            hot = self._hot_list(header)
             if self.may_adopt and self._adopt(header):
+                self._publish_hot_list(hot)
                 self.on_ready(generation)
                 return
             generation.header = header
@@ -111,6 +155,7 @@ class LoadJob:
             guard.verify(source, header, writer.read)
             generation.path = writer.publish()
             writer = None
+            self._publish_hot_list(hot)
             elapsed = time.monotonic() - started
             log.info("generation %d ready: %s, %s in %.2f s (%.2f GB/s)", generation.number, generation.path,
                      human_bytes(header.total_bytes), elapsed,

@@ -44,6 +44,7 @@ from ..reporting.metrics import NoMetrics
 from .served_record import prepare_record, write_record
 from .start_checkpoint import allowed_checkpoint, first_checkpoint
 from .status_report import build_status
+from ..shm.hot_rows_file import attach_view
 from ..shm.table_files import ShmDir, instance_id
 
 log = logging.getLogger("engramd")
@@ -283,13 +284,12 @@ class Daemon:
                  current.number, pid, host, device, rank)
         return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds,
                 "boot_id": self.boot_id, "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint,
-                "budget": self.budget.describe() if self.budget is not None else None}
+                "budget": self.budget.describe() if self.budget is not None else None, "hot_rows": attach_view(current.hot_rows)}
 
-    def heartbeat(self, client_id: str, secret: str = "", budget: dict | None = None) -> dict[str, Any]:
-        lease = self.leases.renew(client_id, secret)
+    def heartbeat(self, client_id: str, secret: str = "", **reports: dict | None) -> dict[str, Any]:
+        lease = self.leases.renew(client_id, secret, reports)  # budget, cache: the client's counters
         if lease is None:
             raise UnknownClientError(f"no lease {client_id!r}: it expired or was granted by an earlier daemon; attach again")
-        lease.budget = budget if budget is not None else lease.budget  # the client's counters (gather_budget.py)
         return {"boot_id": self.boot_id, "generation": self.generation, "lease_generation": lease.generation,
                 "lease_seconds": self.config.lease_seconds}
 

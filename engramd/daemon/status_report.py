@@ -43,4 +43,5 @@ def build_status(state: str, current: Generation, pending: Generation | None, re
         "lease_seconds": config.lease_seconds,
         "events_endpoint": config.events_endpoint,
         "error": current.error,
+        "hot_rows": current.hot_rows, "hot_rows_error": current.hot_rows_error,
     }

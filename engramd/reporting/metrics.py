@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from engram_client.core.protocol import FAILED, LOADING, OPERATIONS, STATES
 
 from .budget_metrics import budget_families
+from .cache_metrics import cache_families
 
 PREFIX = "engramd"
 NO_OPERATION = "invalid"  # the op label of a request refused before it named a known operation
@@ -57,6 +58,7 @@ class DaemonCollector:
         yield GaugeMetricFamily("engramd_table_huge_page_bytes", "Bytes of the served table on huge pages (measured "
                                 "once it is ready)", value=pages.get("huge_bytes", 0))
         yield from budget_families(status)
+        yield from cache_families(status)
 
 
 class Metrics:

@@ -23,7 +23,7 @@ SHOWN_FIELDS = frozenset({
     "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
     "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
     "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing", "gather_budget",
-    "huge_pages",
+    "huge_pages", "hot_rows", "hot_rows_error",
 })
 
 
@@ -52,24 +52,39 @@ def _generation_line(entry: dict[str, Any], served: int) -> str:
     line = f"  generation {entry['generation']:<3} {role}, {held}, {entry.get('path') or 'no complete file yet'}"
     if entry.get("retiring") and clients:
         line += "  (kept until they refresh or the retire grace period ends)"
+    line += f"  (hot rows {entry['hot_rows']})" if entry.get("hot_rows") else ""
+    line += f"  ({entry['hot_rows_error']})" if entry.get("hot_rows_error") else ""
     return line + (f"  ({entry['error']})" if entry.get("error") else "")
 
 
-def _client_line(client: dict[str, Any], served: int) -> str:
+def _client_lines(client: dict[str, Any], served: int) -> list[str]:
     rank = "no rank" if client.get("rank") is None else f"rank {client['rank']}"
     on = f"generation {client['generation']}" + ("" if client.get("generation") == served else " (old)")
     age = client.get("last_heartbeat_age_s")
     heartbeat = "no heartbeat yet" if age is None else f"heartbeat {age:.1f} s ago"
     line = (f"  {client['id']:<14} pid {client['pid']:<8} on {client.get('host', '?')}  {client['device']:<8} "
             f"{rank:<8} {on}  attached {_clock(client.get('attached_at'))}, {heartbeat}")
-    return line + _client_budget(client.get("budget"))
+    # Lines of their own: a newline inside one line would reach the terminal escaped (printable).
+    return [line] + [f"{'':16}{extra}" for extra in (_client_budget(client.get("budget")),
+                                                   _client_cache(client.get("cache"))) if extra]
+
+
+def _client_cache(cache: dict[str, Any] | None) -> str:
+    """A client's HBM row cache, as its heartbeats report it (totals over its layers)."""
+    if not cache:
+        return ""
+    looked = cache.get("hits", 0) + cache.get("misses", 0)
+    rate = f"{cache.get('hits', 0) / looked:.1%} hits" if looked else "no lookups yet"
+    return (f"row cache: {rate} ({cache.get('hits', 0):,} hits, {cache.get('misses', 0):,} misses), "
+            f"{cache.get('fetched', 0):,} rows fetched from host memory; {human_bytes(cache.get('bytes', 0))} of "
+            f"HBM holding {cache.get('fixed_rows', 0):,} listed and {cache.get('recent_rows', 0):,} recent rows")
 
 
 def _client_budget(budget: dict[str, Any] | None) -> str:
     """A client's share of the gather budget, as its heartbeats report it."""
     if not budget:
         return ""
-    return (f"\n{'':16}gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
+    return (f"gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
             f"{budget.get('cpus')} (group {budget.get('group')}, {budget.get('tokens')} tokens), holds "
             f"{budget.get('held', 0)}; {budget.get('rows', 0):,} rows gathered, {budget.get('wait_s', 0.0):.3f} s "
             f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts")
@@ -93,6 +108,16 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
                      f"{group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering at "
                      f"once, {group['grants']:,} grants, {group['dead_slots_swept']} dead ranks' slots swept")
     return lines
+
+
+def _hot_rows_line(hot: dict[str, Any] | None, error: str | None) -> str:
+    if not hot:
+        return "hot rows    " + (error or "no list served (no --hot-rows): ranks' caches have no fixed part")
+    layers = ", ".join(f"layer {layer}: {count:,} rows" for layer, count in hot["layers"].items())
+    built = hot.get("built_from") or {}
+    return (f"hot rows    {hot['path']} (from {hot.get('source')}, {human_bytes(hot['bytes'])}): {layers}; built "
+            f"from {built.get('tokens', 0):,} tokens of {built.get('files_total', 0)} file(s) at "
+            f"{built.get('built_at', '?')}")
 
 
 def _files_line(status: dict[str, Any]) -> str:
@@ -143,11 +168,13 @@ def render_status(status: dict[str, Any]) -> list[str]:
     lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")
     lines.extend(_budget_lines(status.get("gather_budget")))
     lines.append(_pages_line(status.get("huge_pages")))
+    lines.append(_hot_rows_line(status.get("hot_rows"), status.get("hot_rows_error")))
     clients = status["clients"]
     total = status.get("clients_total", len(clients))  # a 1.1 daemon lists every client
     shown = "" if total == len(clients) else f"; the oldest {len(clients)} listed"
     lines.append(f"clients     {total} (a client silent for {status.get('lease_seconds')} s is dropped{shown})")
-    lines.extend(_client_line(client, served) for client in clients)
+    for client in clients:
+        lines.extend(_client_lines(client, served))
     lines.append(f"events      {status.get('events_endpoint')}")
     return [printable(line) for line in lines]
 

@@ -1,8 +1,8 @@
 """Table files in the shm dir: naming, ownership, space, reservation, publication.
 
 Each daemon instance (one per request endpoint) owns the files named
-``engramd-<instance>-g<generation>.table`` and holds an exclusive ``flock`` on
-``engramd-<instance>.lock`` for as long as it lives.  It writes its tables in its files
+``engramd-<instance>-g<generation>.table`` (and ``.hot``, a hot-row list: hot_rows_file.py) and holds
+an exclusive ``flock`` on ``engramd-<instance>.lock`` for as long as it lives.  It writes its tables in its files
 directory: the shm dir itself, or, where other users may create names in the shm dir, a
 directory of its own inside it (private_dir.py).  At start a daemon removes every
 ``engramd-*`` table file, in the shm dir and in this user's files directories, whose
@@ -36,7 +36,8 @@ from ..guards.safe_paths import UnsafePathError, check_directory, foreign_reason
 from ..reporting.sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")
-_TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)\.table(\.partial)?$")
+# A generation's table and the hot-row list published with it (hot_rows_file.py).
+_TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)\.(table|hot)(\.partial)?$")
 
 
 def instance_id(endpoint: str) -> str:
@@ -107,8 +108,8 @@ class ShmDir:
         unfinished ones; keep our own complete tables for re-adoption.  Returns what went."""
         removed = []
         for match, path in self._table_files():
-            owner, partial = match.group(1), bool(match.group(3))
-            if owner == self.instance and not partial:
+            owner, partial = match.group(1), bool(match.group(4))
+            if owner == self.instance and not partial and match.group(3) == "table":
                 continue  # a complete table of ours, left by our predecessor: see own_tables()
             if owner != self.instance and self._owner_alive(owner):
                 continue
@@ -123,7 +124,7 @@ class ShmDir:
         """Our complete table files, newest generation first."""
         found = []
         for match, path in self._table_files():
-            if match.group(1) == self.instance and not match.group(3):
+            if match.group(1) == self.instance and not match.group(4) and match.group(3) == "table":
                 why_not = foreign_reason(path)  # checked before its header is read
                 if why_not is not None:
                     log.warning("not re-adopting %s: %s", path, why_not)
@@ -132,9 +133,11 @@ class ShmDir:
         return sorted(found, reverse=True)
 
     def unlink(self, path: str) -> bool:
-        """Remove one of the files this class names; refuses any other path."""
+        """Remove one of the files this class names (a table's with its hot-row list); refuses any other path."""
         if os.path.dirname(path) not in self.scanned_dirs or not _TABLE_NAME.match(os.path.basename(path)):
             raise TableFileError(f"refusing to unlink {path}: not a table file of {self.directory}")
+        if path.endswith(".table"):
+            self.unlink(path.removesuffix(".table") + ".hot")
         why_not = foreign_reason(path)
         if why_not is not None:
             log.warning("not removing %s: %s", path, why_not)

@@ -13,7 +13,7 @@ EXPECTED_ALL = [
     "RequestError", "NotReadyError", "UnknownClientError", "DaemonUnavailableError", "EngramTimeoutError",
     "NotAttachedError", "CudaRegistrationError", "IdsOutOfRangeError", "NotCapturableError", "ConfigError",
     "UnknownLayerError", "TokenIdsError", "HasherUnavailableError", "SocketRefusedError",
-    "IntegrationError",
+    "IntegrationError", "HotListError",
 ]
 
 
@@ -33,7 +33,7 @@ def test_every_public_name_resolves():
     namespace: dict = {}
     exec("from engram_client import *", namespace)
     assert set(EXPECTED_ALL) <= set(namespace)
-    assert engram_client.PROTOCOL_VERSION == (1, 3)
+    assert engram_client.PROTOCOL_VERSION == (1, 4)
     assert callable(engram_client.default_endpoint)
     for name in ("EngramClient", "EngramTable", "PrefetchHandle"):
         assert inspect.isclass(getattr(engram_client, name)), name
@@ -45,7 +45,7 @@ def test_version_matches_the_installed_distribution():
 
 def test_every_error_derives_from_engram_error_and_is_exported():
     classes = error_classes()
-    assert len(classes) == 21, sorted(classes)
+    assert len(classes) == 22, sorted(classes)
     for name, cls in classes.items():
         assert issubclass(cls, errors.EngramError), name
         assert name in engram_client.__all__, f"{name} is in engram_client.core.errors but not exported"

@@ -38,7 +38,9 @@ def full_status() -> dict:
              "clients": 1, "adopted": False, "error": None, "retiring": True, "load": {}}],
         "clients": [
             {"id": "c1-10", "pid": 10, "host": "node7", "rank": None, "device": "cpu", "generation": 1,
-             "attached_at": 1_800_000_100.0, "last_heartbeat_age_s": 0.5},
+             "attached_at": 1_800_000_100.0, "last_heartbeat_age_s": 0.5,
+             "cache": {"hits": 3000, "misses": 1000, "fetched": 990, "bytes": 2**30, "fixed_rows": 5000,
+                       "recent_rows": 7000}},
             {"id": "c2-11", "pid": 11, "host": "node7", "rank": 0, "device": "cuda:0", "generation": 2,
              "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25,
              "budget": {"slot": 3, "group": 0, "tokens": 14, "threads": 14, "cpus": "0-13", "held": 2,
@@ -49,6 +51,10 @@ def full_status() -> dict:
             {"group": 0, "node": 1, "cpus": "0-13", "tokens": 14, "locked": 5, "peak_gathering": 14,
              "grants": 9876, "dead_slots_swept": 1}]},
         "huge_pages": {"bytes": 5 * 2**20, "huge_bytes": 4 * 2**20, "coverage": 0.8, "page_bytes": 2**21},
+        "hot_rows": {"path": "/dev/shm/engramd-x-g2.hot", "source": "/etc/engramd/code.hot", "bytes": 3 * 2**20,
+                     "sha256": "ab" * 32, "layers": {"3": 6140},
+                     "built_from": {"tokens": 1234000, "files_total": 7, "built_at": "2026-12-01T10:00:00+00:00"}},
+        "hot_rows_error": None,
     }
 
 
@@ -63,7 +69,11 @@ def test_the_text_states_each_value():
                    "node budget of 14 tokens", "/run/engramd.sock.budget", "group 0 (NUMA node 1): 14 tokens on CPUs 0-13",
                    "5 held now", "at most 14 gathering at once", "9,876 grants", "1 dead ranks' slots swept",
                    "slot 3, 14 threads on CPUs 0-13", "1,234,567 rows gathered", "0.250 s waited for tokens",
-                   "80% of the table (4.0 MiB of 5.0 MiB) on huge pages of 2.0 MiB"):
+                   "80% of the table (4.0 MiB of 5.0 MiB) on huge pages of 2.0 MiB",
+                   "hot rows    /dev/shm/engramd-x-g2.hot (from /etc/engramd/code.hot, 3.0 MiB): layer 3: 6,140 rows; "
+                   "built from 1,234,000 tokens of 7 file(s) at 2026-12-01T10:00:00+00:00",
+                   "row cache: 75.0% hits (3,000 hits, 1,000 misses), 990 rows fetched from host memory; 1.00 GiB of "
+                   "HBM holding 5,000 listed and 7,000 recent rows"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     assert "None" not in text, text
     lines = text.splitlines()
