@@ -40,7 +40,8 @@ def full_status() -> dict:
             {"id": "c1-10", "pid": 10, "host": "node7", "rank": None, "device": "cpu", "generation": 1,
              "attached_at": 1_800_000_100.0, "last_heartbeat_age_s": 0.5},
             {"id": "c2-11", "pid": 11, "host": "node7", "rank": 0, "device": "cuda:0", "generation": 2,
-             "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25,
+             "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25, "numa_node": 1,
+             "replica": {"node": 1, "path": "/dev/shm/engramd-x-g2-n1.table"},
              "budget": {"slot": 3, "group": 0, "tokens": 14, "threads": 14, "cpus": "0-13", "held": 2,
                         "rows": 1234567, "wait_s": 0.25, "acquired": 90, "yields": 40, "overdraft": 0}}],
         "clients_total": 70, "lease_seconds": 7.5, "events_endpoint": "ipc:///run/engramd.sock.events",
@@ -49,6 +50,9 @@ def full_status() -> dict:
             {"group": 0, "node": 1, "cpus": "0-13", "tokens": 14, "locked": 5, "peak_gathering": 14,
              "grants": 9876, "dead_slots_swept": 1}]},
         "huge_pages": {"bytes": 5 * 2**20, "huge_bytes": 4 * 2**20, "coverage": 0.8, "page_bytes": 2**21},
+        "replicas": [{"node": 0, "path": "/dev/shm/engramd-x-g2.table", "bytes": 5 * 2**20,
+                      "huge_pages": {"bytes": 5 * 2**20, "huge_bytes": 4 * 2**20, "coverage": 0.8, "page_bytes": 2**21}},
+                     {"node": 1, "path": "/dev/shm/engramd-x-g2-n1.table", "bytes": 5 * 2**20, "huge_pages": None}],
     }
 
 
@@ -63,7 +67,10 @@ def test_the_text_states_each_value():
                    "node budget of 14 tokens", "/run/engramd.sock.budget", "group 0 (NUMA node 1): 14 tokens on CPUs 0-13",
                    "5 held now", "at most 14 gathering at once", "9,876 grants", "1 dead ranks' slots swept",
                    "slot 3, 14 threads on CPUs 0-13", "1,234,567 rows gathered", "0.250 s waited for tokens",
-                   "80% of the table (4.0 MiB of 5.0 MiB) on huge pages of 2.0 MiB"):
+                   "80% of the table (4.0 MiB of 5.0 MiB) on huge pages of 2.0 MiB",
+                   "replicas    2 (one table copy per NUMA node", "node 0: /dev/shm/engramd-x-g2.table, 5.0 MiB, 80% on "
+                   "huge pages", "node 1: /dev/shm/engramd-x-g2-n1.table, 5.0 MiB, huge pages not measured",
+                   "maps the replica of NUMA node 1: /dev/shm/engramd-x-g2-n1.table (its own node: 1)"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     assert "None" not in text, text
     lines = text.splitlines()
