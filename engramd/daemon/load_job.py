@@ -173,9 +173,10 @@ class LoadJob:
                 generation.path = writer.publish()
             writer, copies = None, []
             elapsed = time.monotonic() - started
-            log.info("generation %d ready: %s, %s in %.2f s (%.2f GB/s)", generation.number, generation.path,
+            log.info("generation %d ready: %s, %s in %.2f s (%.2f GB/s%s)", generation.number, generation.path,
                      human_bytes(header.total_bytes), elapsed,
-                     generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9)
+                     generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9,
+                     f"; {len(nodes)} NUMA replicas: {numa_replicas.describe(nodes)}" if nodes else "")
             self.on_ready(generation)
         except Exception as exc:  # any failure becomes that generation's 'failed', with its reason
             generation.error = str(exc) if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"
