@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import urllib.request
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from engram_client.core.demo_rows import demo_rows
 from engramd.shm.numa import BoundMapping
 from exactness import assert_bf16_exact
 from tmpfs_mount import mounted_tmpfs
-from waiting import wait_for
+from waiting import free_port, wait_for
 
 IDS = np.arange(0, 5000, 7)
 
@@ -76,8 +77,15 @@ def test_one_node_machine_serves_one_replica_at_todays_path(daemon_factory):
 
 
 def test_two_nodes_give_two_replicas_and_each_rank_maps_its_own(daemon_factory, two_nodes):
-    daemon = daemon_factory("--numa-replicas", "all")
+    port = free_port()
+    daemon = daemon_factory("--numa-replicas", "all", "--metrics-port", str(port))
     status = daemon.wait_state("ready")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        samples = dict(line.rsplit(" ", 1) for line in response.read().decode().splitlines() if line[:1] != "#")
+    for node in (0, 1):
+        assert float(samples[f'engramd_replica_bytes{{node="{node}"}}']) == status["table_bytes"]
+        huge = status["replicas"][node]["huge_pages"]["huge_bytes"]
+        assert float(samples[f'engramd_replica_huge_page_bytes{{node="{node}"}}']) == huge
     first, second = status["replicas"]
     assert (first["node"], first["path"]) == (0, status["table_path"])
     assert second["node"] == 1 and second["path"].endswith("-g1-n1.table") and second["bytes"] == status["table_bytes"]
