@@ -111,6 +111,7 @@ class LoadJob:
         nodes = self.config.replica_nodes
         missing = [node for node in nodes if node not in good]
         if missing:
+            self.shm.check_space(header.total_bytes, len(missing))
             source = good[next(iter(good))]
             fd = os.open(source, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
@@ -121,7 +122,8 @@ class LoadJob:
                 for node in missing:  # the first replica's name is reserved by shm.table_path(number)
                     writer = numa_replicas.reserve(self.shm, header, node, first=node == nodes[0])
                     try:
-                        numa_replicas.copy_into(writer, mapping.address, node, self.config.load_threads, self.cancel)
+                        numa_replicas.copy_into(writer, mapping.address, node, self.config.load_threads, self.cancel,
+                                                self.config.max_load_rate, self.metrics.load_bytes.inc)
                         numa_replicas.check_placement(writer.bound, node, writer.final_path)
                         good[node] = writer.publish()
                     except BaseException:
@@ -166,7 +168,7 @@ class LoadJob:
             if nodes:
                 numa_replicas.check_placement(writer.bound, nodes[0], writer.final_path)
                 copies = numa_replicas.build_copies(self.shm, header, writer, nodes[1:], self.config.load_threads,
-                                                    self.cancel)
+                                                    self.cancel, self.config.max_load_rate, self.metrics.load_bytes.inc)
                 generation.replicas = numa_replicas.publish([(nodes[0], writer), *zip(nodes[1:], copies)])
                 generation.path = generation.replicas[0].path
             else:

@@ -30,11 +30,13 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from engram_client.core.errors import ConfigError, EngramError, TableFileError
 from engram_client.core.numa_nodes import node_cpus, parse_cpu_list, sysfs_root
 from engram_client.core.table_file import STATE_WRITING, TableHeader, read_header
 
+from ..loading.loader import RateLimit
 from ..reporting.sizes import human_bytes
 from ..shm.numa import BoundMapping, bind_this_thread, check_node
 from ..shm.table_files import ShmDir, TableWriter
@@ -102,20 +104,25 @@ def _pin_to(node: int) -> None:
         os.sched_setaffinity(0, cpus)  # this thread only: the copy runs next to the memory it fills
 
 
-def copy_into(writer: TableWriter, source_address: int, node: int, threads: int, cancel: threading.Event) -> None:
+def copy_into(writer: TableWriter, source_address: int, node: int, threads: int, cancel: threading.Event,
+              max_rate: float | None = None, on_bytes: Callable[[int], None] | None = None) -> None:
     """Copy the whole table from ``source_address`` into ``writer`` on threads pinned to ``node``'s
-    CPUs, then mark it unfinished again (the source may be a published replica)."""
+    CPUs, then mark it unfinished again (the source may be a published replica).  ``max_rate``:
+    --max-load-rate, which a copy keeps to as a load does; ``on_bytes``: told each chunk's bytes."""
     total, bound = writer.header.total_bytes, writer.bound
-    pinned = threading.local()
+    pinned, limit = threading.local(), RateLimit(max_rate)
 
     def run(offset: int) -> None:
+        nbytes = min(COPY_CHUNK, total - offset)
+        limit.take(nbytes, cancel)
         if cancel.is_set():
             return
         if not getattr(pinned, "done", False):
             _pin_to(node)
             pinned.done = True
-        nbytes = min(COPY_CHUNK, total - offset)
         writer.write(offset, (ctypes.c_ubyte * nbytes).from_address(source_address + offset))
+        if on_bytes is not None:
+            on_bytes(nbytes)
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix=f"engramd-copy-n{node}") as pool:
         for future in [pool.submit(run, offset) for offset in range(0, total, COPY_CHUNK)]:
             future.result()
@@ -130,16 +137,17 @@ def copy_into(writer: TableWriter, source_address: int, node: int, threads: int,
 
 
 def build_copies(shm: ShmDir, header: TableHeader, first: TableWriter, nodes: list[int], threads: int,
-                 cancel: threading.Event, source_address: int | None = None) -> list[TableWriter]:
-    """Writers of the replicas for ``nodes``, filled from ``source_address`` (default: ``first``'s
-    mapping), each checked where its pages are.  On failure every one made is abandoned."""
+                 cancel: threading.Event, max_rate: float | None = None,
+                 on_bytes: Callable[[int], None] | None = None) -> list[TableWriter]:
+    """Writers of the replicas for ``nodes``, filled from ``first``'s mapping, each checked where
+    its pages are.  On failure every one made is abandoned."""
     writers: list[TableWriter] = []
     try:
         for node in nodes:
             started = time.monotonic()
             writer = reserve(shm, header, node, first=False)
             writers.append(writer)
-            copy_into(writer, first.bound.address if source_address is None else source_address, node, threads, cancel)
+            copy_into(writer, first.bound.address, node, threads, cancel, max_rate, on_bytes)
             check_placement(writer.bound, node, writer.final_path)
             elapsed = time.monotonic() - started
             log.info("replica for NUMA node %d: %s copied in %.2f s (%.2f GB/s)", node, human_bytes(header.total_bytes),
