@@ -91,15 +91,23 @@ class EngramClient:
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
         wait_ready(state.connection, timeout, min_request_timeout=0.1)
+        from .lookup.host.gather_seat import rank_node
+
+        state.numa_node = rank_node(self.device)  # picks the table replica it maps (protocol 1.4)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
-                             "device": str(self.device)}
+                             "device": str(self.device), "numa_node": state.numa_node}
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
         state.boot_id = reply["boot_id"]
         try:
-            state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid)
+            replica = state.replica(reply)
+            state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid,
+                                                 replica)
         except BaseException:
             self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
             raise
+        if len(reply.get("replicas") or ()) > 1:
+            log.info("engram_client: maps the table replica of NUMA node %s (%s); this rank's node is %s",
+                     replica["node"], replica["path"], state.numa_node)
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
             from .lookup.host.gather_seat import take_seat
@@ -175,13 +183,14 @@ class EngramClient:
             if old is None:
                 raise NotAttachedError("client is closed")
             status = state.connection.request("status", timeout=5.0)
-            if status["state"] != READY or (status["generation"], status["fingerprint"], status["table_path"]) == \
-                    (old.generation, old.fingerprint, old.path) and same_file(old.path, old):
+            if status["state"] != READY or (status["generation"], status["fingerprint"], state.replica(status)["path"]) \
+                    == (old.generation, old.fingerprint, old.path) and same_file(old.path, old):
                 state.refresh_pending = False
                 return False
             reply = state.connection.request("attach", state.attach_args, timeout=10.0)
             try:
-                new = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid)
+                new = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid,
+                                            state.replica(reply))
                 try:
                     new_hasher = hasher_for(new)
                 except BaseException:
@@ -215,6 +224,14 @@ class EngramClient:
     @property
     def table_path(self) -> str | None:
         return self._state.mapped.path if self._state.mapped is not None else None
+
+    @property
+    def replica(self) -> dict | None:
+        """{"node", "path"} of the table replica this client maps (``node`` None: the one table,
+        not bound to a node) and ``rank_node``, this rank's own NUMA node."""
+        mapped = self._state.mapped
+        return None if mapped is None else {"node": mapped.replica_node, "path": mapped.path,
+                                            "rank_node": self._state.numa_node}
 
     @property
     def layers(self) -> list[int]:

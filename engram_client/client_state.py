@@ -15,6 +15,7 @@ from typing import Any
 
 from .attach.connection import DaemonConnection
 from .core.errors import EngramError, UnknownClientError
+from .core.numa_nodes import pick_replica
 from .attach.fork_guard import release_in_forked_child
 from .hashing.hasher import UnavailableHasher
 from .attach.mapped_generation import MappedGeneration
@@ -42,6 +43,7 @@ class ClientState:
         self._failures = 0  # heartbeats and re-attaches that failed since the last success
         self.refresh_pending = False  # the daemon serves another generation than the one mapped
         self.attach_args: dict[str, Any] = {}
+        self.numa_node: int | None = None  # this rank's NUMA node: which table replica it maps (numa_nodes.py)
         self.hasher: Any = UnavailableHasher("the client is not attached")
         self.lock = threading.RLock()  # refresh vs heartbeat re-attach
         self.owner_pid = os.getpid()  # a forked child releases differently (fork_guard)
@@ -99,8 +101,8 @@ class ClientState:
             if mapped is None:
                 return
             mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")
-            if (reply["table_path"], reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or \
-                    not same_file(reply["table_path"], mapped):
+            path = self.replica(reply)["path"]
+            if (path, reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or not same_file(path, mapped):
                 self.refresh_pending = True
             else:
                 mapped.generation = reply["generation"]
@@ -122,6 +124,10 @@ class ClientState:
         note = f" (after {self._failures} failed attempts; the last: {self._problem})"
         self._problem, self._failures = None, 0
         return note
+
+    def replica(self, reply: dict) -> dict:
+        """{"node", "path"}: the replica this rank maps of those an attach or status reply lists."""
+        return pick_replica(reply.get("replicas"), reply["table_path"], self.numa_node)
 
     def lease_args(self) -> dict[str, str | None]:
         """The lease's id and the secret that proves it is ours (protocol 1.2)."""

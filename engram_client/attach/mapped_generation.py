@@ -40,13 +40,15 @@ class MappedGeneration:
     layers: dict[int, LayerView] = field(default_factory=dict)
     hot_list: HotList | None = None  # the daemon's hot-row list for this table (protocol 1.4)
     hot_list_seconds: float = 0.0  # how long reading and checking it took at attach
+    replica_node: int | None = None  # the NUMA node of the replica mapped (None: the one unbound table)
 
     @classmethod
     def open(cls, reply: dict, device: torch.device, row_ranges: dict[int, tuple[int, int]],
-             daemon_uid: int | None = None) -> "MappedGeneration":
+             daemon_uid: int | None = None, replica: dict | None = None) -> "MappedGeneration":
         """Map (and on CUDA register and verify) the table an attach reply names; ``daemon_uid``:
-        the owner of the socket the reply came through, whose table files are trusted too."""
-        path = reply["table_path"]
+        the owner of the socket the reply came through, whose table files are trusted too;
+        ``replica``: the {"node", "path"} of the reply's replicas to map (default: ``table_path``)."""
+        path = replica["path"] if replica else reply["table_path"]
         fd = open_table_file(path, daemon_uid)  # owner checked on the descriptor; header, size and mapping from it too
         try:
             # The file must hold all the header says (read_header checks its size): pages past
@@ -59,7 +61,7 @@ class MappedGeneration:
             if unknown:
                 raise ValueError(f"row_ranges names layers {sorted(unknown)} that the table does not have")
             mapped = cls(reply["generation"], path, header.fingerprint, reply["client_id"],
-                         reply.get("lease_secret", ""))
+                         reply.get("lease_secret", ""), replica_node=(replica or {}).get("node"))
             began = time.monotonic()
             mapped.hot_list = open_hot_list(reply.get("hot_rows"), path, [e.layout for e in header.layers],
                                             header.fingerprint, daemon_uid)

@@ -105,6 +105,8 @@ SETTINGS = [
     Setting("metrics_address", str, DEFAULTS["metrics_address"], "Address for the metrics port (0.0.0.0 for a "
             "cluster scraper).", field="metrics_address"),
     Setting("numa_node", int, None, "Place the table's pages on this NUMA node.", field="numa_node"),
+    Setting("numa_replicas", str, None, "One copy of the table per NUMA node: 'all' (each node with GPUs) or a "
+            "node list (0,1); costs the table's size once per node.", metavar="all|NODES", field="numa_replicas"),
     Setting("gather_cpus", str, None, "The node's gather budget, shared by every rank: CPUs (0-13,16-29), a share "
             "of them (75%), or off (each rank sizes its own pool) [default: every CPU less one per GPU].",
             metavar="LIST|N%|off", field="gather_cpus"),

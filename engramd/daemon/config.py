@@ -30,9 +30,11 @@ class ServeConfig:
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
     numa_node: int | None = None
+    numa_replicas: str | None = None  # "all" or a node list: one table copy per node (daemon/replicas.py)
     gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
+    replica_nodes: list[int] = field(default_factory=list, init=False)  # from ``numa_replicas``; [] without
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
@@ -50,6 +52,11 @@ class ServeConfig:
         if self.numa_node is not None:
             from ..shm.numa import check_node
             check_node(self.numa_node)
+        if self.numa_replicas is not None:
+            if self.numa_node is not None:
+                raise ConfigError("--numa-node and --numa-replicas both place the table's pages: give one")
+            from .replicas import plan_nodes
+            self.replica_nodes = plan_nodes(self.numa_replicas)
         if self.gather_cpus is not None:
             from .gather_budget import check_spec
             check_spec(self.gather_cpus)

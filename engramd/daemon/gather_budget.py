@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from engram_client.core import budget_file
 from engram_client.core.errors import ConfigError
+from engram_client.core.numa_nodes import format_cpu_list, parse_cpu_list  # noqa: F401 (tests import them here)
 
 log = logging.getLogger("engramd.gather_budget")
 ACCEPT_POLL_S = 0.2
@@ -33,35 +34,6 @@ SEND_TIMEOUT_S = 1.0
 REPORT_FIELDS = {"slot": int, "group": int, "tokens": int, "threads": int, "cpus": str, "held": int, "rows": int,
                  "wait_s": float, "acquired": int, "yields": int, "overdraft": int}
 REPORT_CPUS_CHARS = 256
-
-
-def parse_cpu_list(text: str, what: str = "--gather-cpus") -> list[int]:
-    """'0-7,16,18-19' -> [0..7, 16, 18, 19]; anything else raises naming the bad part."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        bounds = part.strip().split("-")
-        if not part.strip() or len(bounds) > 2 or not all(b.strip().isdigit() for b in bounds):
-            raise ConfigError(f"{what} {text!r}: {part!r} is not a CPU number or a range like 0-7")
-        lo, hi = int(bounds[0]), int(bounds[-1])
-        if hi < lo or hi > 4095:
-            raise ConfigError(f"{what} {text!r}: range {part!r} is empty or beyond CPU 4095")
-        cpus.update(range(lo, hi + 1))
-    return sorted(cpus)
-
-
-def format_cpu_list(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    parts, run = [], []
-    for cpu in sorted(cpus):
-        if run and cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        if run:
-            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [cpu]
-    if run:
-        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(parts)
 
 
 def check_spec(spec: str | None) -> None:

@@ -32,12 +32,14 @@ class Lease:
     renewed_at: float = field(default_factory=time.monotonic)
     budget: dict | None = None  # the gather budget counters its heartbeats report (protocol 1.3)
     cache: dict | None = None  # its HBM row cache's counters, as its heartbeats report them (1.4)
+    numa_node: int | None = None  # the client's NUMA node, as it said at attach (protocol 1.4)
+    replica: dict | None = None  # {"node", "path"}: the table replica it maps (daemon/replicas.py)
 
     def to_dict(self, now: float) -> dict[str, Any]:
         return {"id": self.id, "pid": self.pid, "host": self.host, "rank": self.rank, "device": self.device,
                 "generation": self.generation, "attached_at": self.attached_at,
                 "last_heartbeat_age_s": round(now - self.renewed_at, 3), "budget": self.budget,
-                "cache": self.cache}
+                "cache": self.cache, "numa_node": self.numa_node, "replica": self.replica}
 
 
 class LeaseRegistry:
@@ -50,12 +52,12 @@ class LeaseRegistry:
         self._ids = itertools.count(1)
 
     def grant(self, pid: int, host: str, rank: int | None, device: str, generation: int,
-              holder: Holder = Holder()) -> Lease:
+              holder: Holder = Holder(), numa_node: int | None = None, replica: dict | None = None) -> Lease:
         if len(self._leases) >= TOTAL:
             raise LeaseLimitError(f"the daemon holds {TOTAL} leases, its limit; detach unused clients first")
         self._check_holder(holder)
         lease = Lease(f"c{next(self._ids)}-{secrets.token_hex(4)}", pid, host, rank, device, generation,
-                      holder=holder)
+                      holder=holder, numa_node=numa_node, replica=replica)
         self._leases[lease.id] = lease
         return lease
 

@@ -21,6 +21,7 @@ it is complete: the writer publishes the file under its final name only at the e
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Callable
@@ -32,15 +33,21 @@ from engram_client.core.table_file import TableHeader, read_header
 from ..guards.checkpoint_files import checkpoint_root
 from ..guards.checkpoint_guard import CheckpointGuard
 from .config import ServeConfig
-from .generation import Generation
+from .generation import Generation, Replica
+from . import replicas as numa_replicas
 from ..loading.loader import CheckpointSource, DemoSource, fill_table
 from ..shm import hot_rows_file
-from ..shm.numa import bind_this_thread
+from ..shm.numa import BoundMapping, bind_this_thread
 from ..reporting.sizes import human_bytes
 from ..shm.table_files import ShmDir
 from ..loading.table_plan import plan_checkpoint, plan_demo
 
 log = logging.getLogger("engramd")
+
+
+def _same(found: TableHeader, wanted: TableHeader) -> bool:
+    return found.fingerprint == wanted.fingerprint and found.hashing == wanted.hashing and \
+        [e.layout for e in found.layers] == [e.layout for e in wanted.layers]
 
 
 class LoadJob:
@@ -66,25 +73,40 @@ class LoadJob:
         return plan_demo(self.config.demo_vocab_size, seed, generation.number), lambda: DemoSource(seed), []
 
     def _adopt(self, wanted: TableHeader) -> bool:
-        """Take over our predecessor's complete table if it is exactly what we would load."""
+        """Take over our predecessor's complete table if it is exactly what we would load (with
+        --numa-replicas: its replicas that are, rebuilding the others from one of them)."""
         generation = self.generation
         adopted = None
-        for number, path in self.shm.own_tables():
+        nodes = self.config.replica_nodes
+        tables = self.shm.own_tables()
+        for number, path in tables:
+            if adopted is not None:
+                break
             try:
                 found, _ = read_header(path)
             except TableFileError as exc:
                 log.warning("not re-adopting %s: %s", path, exc)
-                found = None
-            same = found is not None and found.fingerprint == wanted.fingerprint and \
-                [e.layout for e in found.layers] == [e.layout for e in wanted.layers] and found.hashing == wanted.hashing
-            if adopted is None and same:
+                continue
+            first = path == self.shm.table_path(number)
+            if _same(found, wanted) and (first or nodes):  # a further replica serves only as a replica
                 adopted = (number, path, found)
-            else:
+        keep = set()
+        if adopted is not None:
+            keep = {adopted[1]} if not nodes else \
+                {self.shm.table_path(adopted[0], None if i == 0 else node) for i, node in enumerate(nodes)}
+        for number, path in tables:
+            if path not in keep:
                 self.shm.unlink(path)
                 log.info("removed %s: a predecessor's table that is not the one to serve", path)
         if adopted is None:
             return False
         number, path, found = adopted
+        if nodes:
+            good = numa_replicas.adopt(self.shm, number, found, nodes, _same)
+            if not good:
+                return False
+            self._rebuild(number, found, good)
+            path = generation.replicas[0].path
         generation.number, generation.path, generation.header, generation.adopted = number, path, found, True
         generation.progress.total_bytes = generation.progress.done_bytes = sum(e.nbytes for e in found.layers)
         self.metrics.readoptions.inc()
@@ -126,9 +148,39 @@ class LoadJob:
                     generation.path = None
                 raise
 
+    def _rebuild(self, number: int, header: TableHeader, good: dict[int, str]) -> None:
+        """The adopted set, with the replicas that were missing or broken copied from a good one."""
+        nodes = self.config.replica_nodes
+        missing = [node for node in nodes if node not in good]
+        if missing:
+            self.shm.check_space(header.total_bytes, len(missing))
+            source = good[next(iter(good))]
+            fd = os.open(source, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                mapping = BoundMapping(fd, header.total_bytes, numa_replicas.bind_node(next(iter(good))), source)
+            finally:
+                os.close(fd)
+            try:
+                for node in missing:  # the first replica's name is reserved by shm.table_path(number)
+                    writer = numa_replicas.reserve(self.shm, header, node, first=node == nodes[0])
+                    try:
+                        numa_replicas.copy_into(writer, mapping.address, node, self.config.load_threads, self.cancel,
+                                                self.config.max_load_rate, self.metrics.load_bytes.inc)
+                        numa_replicas.check_placement(writer.bound, node, writer.final_path)
+                        good[node] = writer.publish()
+                    except BaseException:
+                        writer.abandon()
+                        raise
+                    log.info("re-adoption: rebuilt the replica for NUMA node %d (%s) from %s", node, good[node], source)
+            finally:
+                mapping.close()
+        self.generation.replicas = [Replica(node, good[node]) for node in nodes]
+
     def run(self) -> None:
         generation = self.generation
         writer = source = None
+        copies: list = []
+        nodes = self.config.replica_nodes
         try:
             header, make_source, files = self._plan()
             generation.files = files
@@ -144,7 +196,11 @@ class LoadJob:
                 bind_this_thread(self.config.numa_node)  # fallocate below places every page on that node
             source = make_source()
             generation.progress.on_add = self.metrics.load_bytes.inc
-            writer = self.shm.create(header)
+            if nodes:  # every replica's room first, then the first replica, bound to its node
+                self.shm.check_space(header.total_bytes, len(nodes))
+                writer = numa_replicas.reserve(self.shm, header, nodes[0], first=True)
+            else:
+                writer = self.shm.create(header)
             log.info("loading generation %d from %s into %s (%s)", generation.number, header.checkpoint,
                      writer.partial_path, human_bytes(header.total_bytes))
             started = time.monotonic()
@@ -153,13 +209,21 @@ class LoadJob:
             if self.cancel.is_set():
                 raise EngramError("load cancelled by stop")
             guard.verify(source, header, writer.read)
-            generation.path = writer.publish()
-            writer = None
+            if nodes:
+                numa_replicas.check_placement(writer.bound, nodes[0], writer.final_path)
+                copies = numa_replicas.build_copies(self.shm, header, writer, nodes[1:], self.config.load_threads,
+                                                    self.cancel, self.config.max_load_rate, self.metrics.load_bytes.inc)
+                generation.replicas = numa_replicas.publish([(nodes[0], writer), *zip(nodes[1:], copies)])
+                generation.path = generation.replicas[0].path
+            else:
+                generation.path = writer.publish()
+            writer, copies = None, []
             self._publish_hot_list(hot)
             elapsed = time.monotonic() - started
-            log.info("generation %d ready: %s, %s in %.2f s (%.2f GB/s)", generation.number, generation.path,
+            log.info("generation %d ready: %s, %s in %.2f s (%.2f GB/s%s)", generation.number, generation.path,
                      human_bytes(header.total_bytes), elapsed,
-                     generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9)
+                     generation.progress.done_bytes / max(elapsed, 1e-9) / 1e9,
+                     f"; {len(nodes)} NUMA replicas: {numa_replicas.describe(nodes)}" if nodes else "")
             self.on_ready(generation)
         except Exception as exc:  # any failure becomes that generation's 'failed', with its reason
             generation.error = str(exc) if isinstance(exc, EngramError) else f"{type(exc).__name__}: {exc}"
@@ -168,7 +232,7 @@ class LoadJob:
                 log.error("generation %d failed to load: %s", generation.number, generation.error)
                 self.on_failed(generation)
         finally:
-            if writer is not None:
-                writer.abandon()
+            for unfinished in [writer, *copies] if writer is not None else copies:
+                unfinished.abandon()
             if source is not None:
                 source.close()

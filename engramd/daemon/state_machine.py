@@ -7,11 +7,10 @@
            reload: g+1 loads beside g; on success g+1 is served and g retires,
                    on failure g goes on and status says why
 
-A start first looks for a complete table its predecessor (same endpoint, same shm
-dir) left behind and re-adopts it if it is exactly what would be loaded (see
-load_job.py, which plans, adopts and loads).  A retired generation's file is
-unlinked once no lease holds it, or after ``retire_grace_seconds``; ranks that
-still map it keep their pages either way.
+A start first looks for a complete table its predecessor (same endpoint, same shm dir) left
+behind and re-adopts it if it is exactly what would be loaded (load_job.py plans, adopts and
+loads).  A retired generation's files (every NUMA replica: replicas.py) are unlinked together
+once no lease holds it, or after ``retire_grace_seconds``; ranks mapping them keep their pages.
 
 Loads run on one load thread at a time (a LoadJob); everything else runs on the
 server thread.  The load job writes only its generation and hands its outcome over
@@ -30,10 +29,10 @@ import uuid
 from typing import Any, Callable
 
 from engram_client.core.errors import NotReadyError, UnknownClientError
+from engram_client.core.numa_nodes import pick_replica
 from engram_client.core.protocol import FAILED, LOADING, READY, STOPPING
 
 from .. import __version__
-from ..shm import huge_pages
 from .config import ServeConfig
 from .daemon_exit import LOAD_STOP_S
 from .generation import Generation
@@ -84,10 +83,6 @@ class Daemon:
     @property
     def generation(self) -> int:
         return self.current.number
-
-    @property
-    def table_path(self) -> str | None:
-        return self.current.path if self.current.state == READY else None
 
     @property
     def error(self) -> str | None:
@@ -152,7 +147,7 @@ class Daemon:
         except OSError as exc:
             self._not_recorded(generation, exc)
             return
-        generation.huge_pages = huge_pages.report(generation.path, generation.header.total_bytes)
+        generation.measure_huge_pages()
         with self._lock:
             generation.state = READY
             self._last_number = max(self._last_number, generation.number)  # a re-adopted table keeps its number
@@ -172,8 +167,9 @@ class Daemon:
         generation.state = FAILED
         log.error("generation %d failed: %s", generation.number, generation.error)
         if generation.path is not None and not generation.adopted:
-            self.shm.unlink(generation.path)
-            generation.path = None
+            for path in generation.paths():
+                self.shm.unlink(path)
+            generation.path, generation.replicas = None, []
         self._load_failed(generation)
 
     def _load_failed(self, generation: Generation) -> None:
@@ -188,7 +184,8 @@ class Daemon:
             raise NotReadyError("the daemon is stopping")
         if self._load_thread is not None and self._load_thread.is_alive():
             raise NotReadyError("a load is already in progress; wait for it (see status) before reloading")
-        source = self._allowed_checkpoint(checkpoint) if checkpoint is not None else self.current.checkpoint
+        source = allowed_checkpoint(checkpoint, self.config.reload_roots) if checkpoint is not None else \
+            self.current.checkpoint
         generation = Generation(self._next_number(), source, by_reload=True)
         with self._lock:
             if self.current.state == READY:
@@ -204,9 +201,6 @@ class Daemon:
         self._begin(generation)
         return {"generation": generation.number, "checkpoint": source or "<demo>"}
 
-    def _allowed_checkpoint(self, checkpoint: str) -> str:
-        return allowed_checkpoint(checkpoint, self.config.reload_roots)
-
     # -- housekeeping (server thread) ------------------------------------------------------
     def housekeeping(self) -> None:
         for lease in self.leases.expire():
@@ -217,10 +211,11 @@ class Daemon:
         held = self.leases.generations_held()
         for number, generation in list(self.retiring.items()):
             grace_over = now - generation.retired_at > self.config.retire_grace_seconds
-            if number not in held or grace_over:
-                self.shm.unlink(generation.path)
+            if number not in held or grace_over:  # every replica of a generation goes together
+                for path in generation.paths():
+                    self.shm.unlink(path)
                 del self.retiring[number]
-                log.info("removed generation %d's table %s (%s)", number, generation.path,
+                log.info("removed generation %d's table %s (%s)", number, " and ".join(generation.paths()),
                          "grace period over" if number in held else "no client holds it")
         self.status()  # refresh the snapshot the metrics thread reads
 
@@ -235,8 +230,9 @@ class Daemon:
             if self._load_thread.is_alive():
                 log.error("load thread did not stop within %.0f s; exiting anyway", LOAD_STOP_S)
         for generation in [self.current, *self.retiring.values()]:
-            if generation.path is not None and self.shm.unlink(generation.path):
-                log.info("unlinked %s", generation.path)
+            for path in generation.paths():
+                if self.shm.unlink(path):
+                    log.info("unlinked %s", path)
         self.close()
 
     def close(self) -> None:
@@ -273,18 +269,23 @@ class Daemon:
         with self._lock:
             return self._snapshot
 
-    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: Holder = Holder()) -> dict[str, Any]:
+    def attach(self, pid: int, host: str, rank: int | None, device: str, peer: Holder = Holder(),
+               numa_node: int | None = None) -> dict[str, Any]:
         self._check_served_file()
         current = self.current
         if self.stopping or current.state != READY:
             raise NotReadyError(f"no table to attach to: state is {self.state}"
                                 + (f" ({current.error})" if current.error else ""))
-        lease = self.leases.grant(pid, host, rank, device, current.number, peer)
-        log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s)", lease.id,
-                 current.number, pid, host, device, rank)
+        replicas = [{"node": r.node, "path": r.path} for r in current.served_replicas(self.config.numa_node)]
+        replica = pick_replica(replicas, current.path, numa_node)  # the rule the client maps by, too
+        lease = self.leases.grant(pid, host, rank, device, current.number, peer, numa_node, replica)
+        log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s, replica %s)", lease.id,
+                 current.number, pid, host, device, rank, replica["path"])
         return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds,
-                "boot_id": self.boot_id, "generation": current.number, "table_path": current.path, "fingerprint": current.header.fingerprint,
-                "budget": self.budget.describe() if self.budget is not None else None, "hot_rows": attach_view(current.hot_rows)}
+                "boot_id": self.boot_id, "generation": current.number, "table_path": current.path,
+                "fingerprint": current.header.fingerprint, "replicas": replicas,
+                "budget": self.budget.describe() if self.budget is not None else None,
+                "hot_rows": attach_view(current.hot_rows)}
 
     def heartbeat(self, client_id: str, secret: str = "", **reports: dict | None) -> dict[str, Any]:
         lease = self.leases.renew(client_id, secret, reports)  # budget, cache: the client's counters

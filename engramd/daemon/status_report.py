@@ -33,6 +33,8 @@ def build_status(state: str, current: Generation, pending: Generation | None, re
         "table_path": current.path if current.state == READY else None,
         "table_bytes": header.total_bytes if header else 0,
         "adopted": current.adopted, "numa_node": config.numa_node,
+        "replicas": [r.describe(header.total_bytes) for r in current.served_replicas(config.numa_node)]
+        if current.state == READY and header else [],
         "shm_dir": shm_dir, "files": list(current.files),
         "layers": [entry.layout.to_dict() for entry in header.layers] if header else [],
         "hashing": describe_hashing(header.hashing if header else None),

@@ -39,7 +39,8 @@ class DaemonCollector:
             state.add_metric([name], 1.0 if status["state"] == name else 0.0)
         yield state
         yield GaugeMetricFamily("engramd_generation", "Table generation being served", value=status["generation"])
-        yield GaugeMetricFamily("engramd_table_bytes", "Size of the served table file", value=status["table_bytes"])
+        yield GaugeMetricFamily("engramd_table_bytes", "Size of the served table file (one replica's)",
+                                value=status["table_bytes"])
         yield GaugeMetricFamily("engramd_load_done_bytes", "Bytes loaded so far (served generation)",
                                 value=status["load"]["done_bytes"])
         yield GaugeMetricFamily("engramd_load_total_bytes", "Bytes to load (served generation)",
@@ -57,8 +58,24 @@ class DaemonCollector:
         pages = status.get("huge_pages") or {}
         yield GaugeMetricFamily("engramd_table_huge_page_bytes", "Bytes of the served table on huge pages (measured "
                                 "once it is ready)", value=pages.get("huge_bytes", 0))
+        yield from replica_families(status.get("replicas") or [])
         yield from budget_families(status)
         yield from cache_families(status)
+
+
+def replica_families(replicas: list[dict]):
+    """Per-replica figures, labelled by NUMA node ("any": the one table, bound to no node); the
+    labels come from the daemon's own configuration, never from a peer."""
+    size = GaugeMetricFamily("engramd_replica_bytes", "Size of each copy of the served table (--numa-replicas: "
+                             "one per NUMA node)", labels=["node"])
+    huge = GaugeMetricFamily("engramd_replica_huge_page_bytes", "Bytes of each copy of the served table on huge "
+                             "pages", labels=["node"])
+    for replica in replicas:
+        node = "any" if replica.get("node") is None else str(replica["node"])
+        size.add_metric([node], replica.get("bytes") or 0)
+        huge.add_metric([node], (replica.get("huge_pages") or {}).get("huge_bytes", 0))
+    yield size
+    yield huge
 
 
 class Metrics:

@@ -23,7 +23,7 @@ SHOWN_FIELDS = frozenset({
     "state", "error", "generation", "boot_id", "version", "pid", "started_at", "checkpoint", "fingerprint",
     "table_path", "table_bytes", "adopted", "numa_node", "shm_dir", "files", "layers", "load", "reload",
     "generations", "clients", "clients_total", "lease_seconds", "events_endpoint", "hashing", "gather_budget",
-    "huge_pages", "hot_rows", "hot_rows_error",
+    "huge_pages", "hot_rows", "hot_rows_error", "replicas",
 })
 
 
@@ -65,8 +65,16 @@ def _client_lines(client: dict[str, Any], served: int) -> list[str]:
     line = (f"  {client['id']:<14} pid {client['pid']:<8} on {client.get('host', '?')}  {client['device']:<8} "
             f"{rank:<8} {on}  attached {_clock(client.get('attached_at'))}, {heartbeat}")
     # Lines of their own: a newline inside one line would reach the terminal escaped (printable).
-    return [line] + [f"{'':16}{extra}" for extra in (_client_budget(client.get("budget")),
+    return [line] + [f"{'':16}{extra}" for extra in (_client_replica(client), _client_budget(client.get("budget")),
                                                    _client_cache(client.get("cache"))) if extra]
+
+
+def _client_replica(client: dict[str, Any]) -> str:
+    replica, node = client.get("replica"), client.get("numa_node")
+    if not replica:
+        return ""
+    return (f"maps the replica of NUMA node {replica.get('node')}: {replica.get('path')}"
+            f" (its own node: {'unknown' if node is None else node})")
 
 
 def _client_cache(cache: dict[str, Any] | None) -> str:
@@ -97,6 +105,19 @@ def _pages_line(pages: dict[str, Any] | None) -> str:
     return (f"huge pages  {pages['coverage'] * 100:.0f}% of the table ({human_bytes(pages['huge_bytes'])} of "
             f"{human_bytes(pages['bytes'])}) on huge pages" + (f" of {size}" if pages["huge_bytes"] else
                                                               f"; the rest on {size} pages"))
+
+
+def _replica_lines(replicas: list[dict[str, Any]]) -> list[str]:
+    """Each NUMA replica (--numa-replicas), with its size and huge-page coverage; nothing for one unbound table."""
+    if len(replicas) < 2 and not (replicas and replicas[0].get("node") is not None):
+        return []
+    lines = [f"replicas    {len(replicas)} (one table copy per NUMA node; ranks map their node's)"]
+    for replica in replicas:
+        pages = replica.get("huge_pages")
+        share = f"{pages['coverage'] * 100:.0f}% on huge pages" if pages else "huge pages not measured"
+        lines.append(f"  node {replica.get('node')}: {replica.get('path')}, {human_bytes(replica.get('bytes') or 0)}, "
+                     f"{share}")
+    return lines
 
 
 def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
@@ -166,6 +187,7 @@ def render_status(status: dict[str, Any]) -> list[str]:
     lines.extend(_generation_line(entry, served) for entry in generations)
     numa = status.get("numa_node")
     lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")
+    lines.extend(_replica_lines(status.get("replicas") or []))
     lines.extend(_budget_lines(status.get("gather_budget")))
     lines.append(_pages_line(status.get("huge_pages")))
     lines.append(_hot_rows_line(status.get("hot_rows"), status.get("hot_rows_error")))

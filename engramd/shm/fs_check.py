@@ -64,6 +64,12 @@ def _statfs(directory: str) -> _StatFs:
     return result
 
 
+def statfs_magic(directory: str) -> int | None:
+    """The file system's statfs(2) magic number of ``directory`` (None: it cannot be inspected)."""
+    result = _StatFs()
+    return result.f_type & 0xFFFFFFFF if _libc.statfs(os.fsencode(directory), ctypes.byref(result)) == 0 else None
+
+
 def _mount_of(directory: str) -> tuple[str, list[str]]:
     """The file system type and options of the mount holding ``directory`` (longest mount point wins)."""
     best, found = "", ("unknown file system", [])

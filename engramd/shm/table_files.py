@@ -1,8 +1,9 @@
 """Table files in the shm dir: naming, ownership, space, reservation, publication.
 
 Each daemon instance (one per request endpoint) owns the files named
-``engramd-<instance>-g<generation>.table`` (and ``.hot``, a hot-row list: hot_rows_file.py) and holds
-an exclusive ``flock`` on ``engramd-<instance>.lock`` for as long as it lives.  It writes its tables in its files
+``engramd-<instance>-g<generation>.table`` (with ``--numa-replicas``, the first replica; each further
+one ``engramd-<instance>-g<generation>-n<node>.table``; and ``.hot``, a hot-row list: hot_rows_file.py)
+and holds an exclusive ``flock`` on ``engramd-<instance>.lock`` for as long as it lives.  It writes its tables in its files
 directory: the shm dir itself, or, where other users may create names in the shm dir, a
 directory of its own inside it (private_dir.py).  At start a daemon removes every
 ``engramd-*`` table file, in the shm dir and in this user's files directories, whose
@@ -31,13 +32,15 @@ from engram_client.core.errors import ShmSpaceError, TableFileError
 from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
 from ..guards.lock_owner import holder
+from .fs_check import HUGETLBFS_MAGIC, statfs_magic
+from .numa import BoundMapping
 from .private_dir import files_directory, own_directories, remove_if_empty
 from ..guards.safe_paths import UnsafePathError, check_directory, foreign_reason, release_lock, take_lock
 from ..reporting.sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")
-# A generation's table and the hot-row list published with it (hot_rows_file.py).
-_TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)\.(table|hot)(\.partial)?$")
+# A generation's table (or a replica of it) and the hot-row list published with it (hot_rows_file.py).
+_TABLE_NAME = re.compile(r"^engramd-([0-9a-f]{12})-g(\d+)(?:-n(\d+))?\.(table|hot)(\.partial)?$")
 
 
 def instance_id(endpoint: str) -> str:
@@ -88,8 +91,10 @@ class ShmDir:
             release_lock(self.lock_path, self._lock_fd)  # unlinked while held: see take_lock
             self._lock_fd = -1
 
-    def table_path(self, generation: int) -> str:
-        return os.path.join(self.files_dir, f"engramd-{self.instance}-g{generation}.table")
+    def table_path(self, generation: int, node: int | None = None) -> str:
+        """The first replica's (or the only table's) path; ``node``: a further replica's."""
+        suffix = f"-n{node}" if node is not None else ""
+        return os.path.join(self.files_dir, f"engramd-{self.instance}-g{generation}{suffix}.table")
 
     def _table_files(self):
         """(match, path) of every name shaped like a table file in the scanned directories."""
@@ -108,8 +113,8 @@ class ShmDir:
         unfinished ones; keep our own complete tables for re-adoption.  Returns what went."""
         removed = []
         for match, path in self._table_files():
-            owner, partial = match.group(1), bool(match.group(4))
-            if owner == self.instance and not partial and match.group(3) == "table":
+            owner, partial = match.group(1), bool(match.group(5))
+            if owner == self.instance and not partial and match.group(4) == "table":
                 continue  # a complete table of ours, left by our predecessor: see own_tables()
             if owner != self.instance and self._owner_alive(owner):
                 continue
@@ -121,16 +126,16 @@ class ShmDir:
         return removed
 
     def own_tables(self) -> list[tuple[int, str]]:
-        """Our complete table files, newest generation first."""
+        """Our complete table files, newest generation first (a generation's further replicas after its first)."""
         found = []
         for match, path in self._table_files():
-            if match.group(1) == self.instance and not match.group(4) and match.group(3) == "table":
+            if match.group(1) == self.instance and not match.group(5) and match.group(4) == "table":
                 why_not = foreign_reason(path)  # checked before its header is read
                 if why_not is not None:
                     log.warning("not re-adopting %s: %s", path, why_not)
                     continue
-                found.append((int(match.group(2)), path))
-        return sorted(found, reverse=True)
+                found.append((int(match.group(2)), -int(match.group(3) or -1), path))
+        return [(number, path) for number, _, path in sorted(found, reverse=True)]
 
     def unlink(self, path: str) -> bool:
         """Remove one of the files this class names (a table's with its hot-row list); refuses any other path."""
@@ -167,37 +172,32 @@ class ShmDir:
             os.close(fd)
         return False
 
-    def check_space(self, nbytes: int) -> None:
+    def check_space(self, nbytes: int, copies: int = 1) -> None:
+        """Room for ``copies`` tables of ``nbytes`` (one per NUMA replica)."""
         stat = os.statvfs(self.directory)
-        free = stat.f_bavail * stat.f_frsize
-        if free < nbytes:
+        free, need = stat.f_bavail * stat.f_frsize, nbytes * copies
+        if free < need:
+            copies_text = f" ({copies} NUMA replicas of {_gib(nbytes)})" if copies > 1 else ""
+            nbytes = need
             raise ShmSpaceError(
-                f"shm dir {self.directory} has {_gib(free)} free but the table needs {_gib(nbytes)} "
+                f"shm dir {self.directory} has {_gib(free)} free but the table needs {_gib(nbytes)}{copies_text} "
                 f"({nbytes} bytes). Give it more, with room for a reload's second generation beside the first: "
                 f"in Docker, --shm-size={-(-2 * nbytes // 2**30) + 1}g or --ipc=host; "
                 f"in Kubernetes, a larger /dev/shm on the node or a tmpfs of its own there, as the table's hostPath "
                 f"(deploy/kubernetes/README.md); otherwise remount the tmpfs larger "
                 f"(mount -o remount,size=... {self.directory}) or point --shm-dir at a bigger tmpfs or hugetlbfs")
 
-    def create(self, header: TableHeader) -> "TableWriter":
-        self.check_space(header.total_bytes)
-        return TableWriter(self.table_path(header.generation), header, self.file_mode, self.gid)
+    def create(self, header: TableHeader, path: str | None = None, node: int | None = None) -> "TableWriter":
+        """A writer for the table (``path``, ``node``: a replica's, its pages bound to that node);
+        a set of replicas checks its space for all of them first."""
+        if path is None:
+            self.check_space(header.total_bytes)
+        return TableWriter(path or self.table_path(header.generation), header, self.file_mode, self.gid, node)
 
 
 def is_hugetlbfs(path: str) -> bool:
-    """Whether ``path`` lies on a hugetlbfs mount (longest matching mount point wins)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    best, fstype = "", ""
-    try:
-        with open("/proc/self/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) >= 3 and (directory == fields[1] or directory.startswith(fields[1].rstrip("/") + "/")):
-                    if len(fields[1]) > len(best):
-                        best, fstype = fields[1], fields[2]
-    except OSError:
-        return False
-    return fstype == "hugetlbfs"
+    """Whether ``path`` lies on a hugetlbfs mount (statfs's magic number: fs_check.py)."""
+    return statfs_magic(os.path.dirname(os.path.abspath(path))) == HUGETLBFS_MAGIC
 
 
 def _create_exclusive(path: str, mode: int) -> int:
@@ -224,15 +224,20 @@ class TableWriter:
     header: TableHeader
     file_mode: int
     gid: int | None = None
+    node: int | None = None  # a NUMA replica's node: its pages are bound there before the first is made
 
     def __post_init__(self) -> None:
         self.partial_path = self.final_path + ".partial"
         self.fd = _create_exclusive(self.partial_path, self.file_mode)
+        self.bound = None
         try:
             if self.gid is not None:
                 os.fchown(self.fd, -1, self.gid)
             os.fchmod(self.fd, self.file_mode)
             os.ftruncate(self.fd, self.header.total_bytes)
+            if self.node is not None:  # before fallocate makes the first page (shm/numa.py)
+                self.bound = BoundMapping(self.fd, self.header.total_bytes, self.node,
+                                          f"replica on NUMA node {self.node} ({self.partial_path})")
             try:
                 os.posix_fallocate(self.fd, 0, self.header.total_bytes)
             except OSError as exc:
@@ -284,6 +289,9 @@ class TableWriter:
         self._release()
 
     def _release(self) -> None:
+        if getattr(self, "bound", None) is not None:
+            self.bound.close()
+            self.bound = None
         if getattr(self, "map", None) is not None:
             self.map.close()
             self.map = None

@@ -45,3 +45,34 @@ def test_a_checkpoint_loads_serves_and_is_readopted_on_hugetlbfs(daemon_factory,
     again.connection.request("stop")
     assert again.proc.wait(timeout=30) == 0
     assert not [name for name in os.listdir(hugetlbfs) if ".table" in name]
+
+
+def test_numa_replicas_on_hugetlbfs_are_copied_through_mappings(daemon_factory, hugetlbfs, tmp_path, monkeypatch):
+    """Two replicas on a hugetlbfs: no write(2) there, so the copy goes through the writer's mapping.
+    The second NUMA node is a fake (ENGRAM_SYSFS_ROOT, nodes 0 and 1 of one CPU each); both
+    replicas are bound to real node 0, this machine's only one (ENGRAMD_TEST_BIND_NODE)."""
+    if not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1 to stand for the two fake nodes")
+    for node in (0, 1):
+        (tmp_path / "sys/devices/system/node" / f"node{node}").mkdir(parents=True)
+        (tmp_path / "sys/devices/system/node" / f"node{node}" / "cpulist").write_text(f"{node}\n")
+    monkeypatch.setenv("ENGRAM_SYSFS_ROOT", str(tmp_path / "sys"))
+    monkeypatch.setenv("ENGRAMD_TEST_BIND_NODE", "0")
+    ckpt = str(tmp_path / "ckpt")
+    write_checkpoint(ckpt, vocab_size=1500, head_dim=256, shards=1, seed=4)
+    daemon = daemon_factory("--checkpoint", ckpt, "--numa-replicas", "all", shm=hugetlbfs)
+    status = daemon.wait_state("ready")
+    assert [r["node"] for r in status["replicas"]] == [0, 1]
+    assert all(r["huge_pages"]["coverage"] == 1.0 for r in status["replicas"])
+    ids = torch.arange(0, 4000, 13)
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {1})
+    try:
+        far = EngramClient(endpoint=daemon.endpoint, device="cpu")
+    finally:
+        os.sched_setaffinity(0, allowed)
+    with far, EngramClient(endpoint=daemon.endpoint, device="cpu") as near:
+        assert far.replica["node"] == 1 and far.replica["path"] == status["replicas"][1]["path"]
+        assert near.replica["node"] == 0 and near.replica["path"] == status["table_path"]
+        assert torch.equal(far.table(14).lookup(ids), near.table(14).lookup(ids))
+    daemon.connection.request("stop")

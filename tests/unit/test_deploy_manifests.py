@@ -344,3 +344,19 @@ def test_systemd_puts_the_table_on_a_huge_always_tmpfs_sized_for_two_generations
     v41 = TableHeader.plan([LayerLayout(layer, 256, (rows,)) for layer, rows in zip((1, 14), V41_ROWS)],
                            "fingerprint", "/models/DeepSeek-V4.1", 1).total_bytes
     assert quantity(options["size"].replace("G", "Gi")) >= 2 * v41, "a reload needs two generations"
+
+
+def test_numa_replicas_are_explained_where_the_operator_turns_them_on():
+    """The unit and the DaemonSet say when to turn --numa-replicas on and what it costs, in the
+    spelling the daemon accepts (its option and its environment variable)."""
+    from engramd.cli.settings import SETTINGS
+
+    setting = next(s for s in SETTINGS if s.name == "numa_replicas")
+    with open(UNIT) as f:
+        unit = f.read()
+    with open(os.path.join(DEPLOY, "kubernetes", "engramd-daemonset.yaml")) as f:
+        daemonset = f.read()
+    assert f"{setting.envvar}=all" in unit and "--numa-replicas all" in unit
+    assert "--numa-replicas all" in daemonset
+    for text in (unit, daemonset):
+        assert "socket link" in text and "once per node" in text

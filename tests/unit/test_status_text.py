@@ -42,7 +42,8 @@ def full_status() -> dict:
              "cache": {"hits": 3000, "misses": 1000, "fetched": 990, "bytes": 2**30, "fixed_rows": 5000,
                        "recent_rows": 7000}},
             {"id": "c2-11", "pid": 11, "host": "node7", "rank": 0, "device": "cuda:0", "generation": 2,
-             "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25,
+             "attached_at": 1_800_000_200.0, "last_heartbeat_age_s": 1.25, "numa_node": 1,
+             "replica": {"node": 1, "path": "/dev/shm/engramd-x-g2-n1.table"},
              "budget": {"slot": 3, "group": 0, "tokens": 14, "threads": 14, "cpus": "0-13", "held": 2,
                         "rows": 1234567, "wait_s": 0.25, "acquired": 90, "yields": 40, "overdraft": 0}}],
         "clients_total": 70, "lease_seconds": 7.5, "events_endpoint": "ipc:///run/engramd.sock.events",
@@ -55,6 +56,9 @@ def full_status() -> dict:
                      "sha256": "ab" * 32, "layers": {"3": 6140},
                      "built_from": {"tokens": 1234000, "files_total": 7, "built_at": "2026-12-01T10:00:00+00:00"}},
         "hot_rows_error": None,
+        "replicas": [{"node": 0, "path": "/dev/shm/engramd-x-g2.table", "bytes": 5 * 2**20,
+                      "huge_pages": {"bytes": 5 * 2**20, "huge_bytes": 4 * 2**20, "coverage": 0.8, "page_bytes": 2**21}},
+                     {"node": 1, "path": "/dev/shm/engramd-x-g2-n1.table", "bytes": 5 * 2**20, "huge_pages": None}],
     }
 
 
@@ -73,7 +77,10 @@ def test_the_text_states_each_value():
                    "hot rows    /dev/shm/engramd-x-g2.hot (from /etc/engramd/code.hot, 3.0 MiB): layer 3: 6,140 rows; "
                    "built from 1,234,000 tokens of 7 file(s) at 2026-12-01T10:00:00+00:00",
                    "row cache: 75.0% hits (3,000 hits, 1,000 misses), 990 rows fetched from host memory; 1.00 GiB of "
-                   "HBM holding 5,000 listed and 7,000 recent rows"):
+                   "HBM holding 5,000 listed and 7,000 recent rows",
+                   "replicas    2 (one table copy per NUMA node", "node 0: /dev/shm/engramd-x-g2.table, 5.0 MiB, 80% on "
+                   "huge pages", "node 1: /dev/shm/engramd-x-g2-n1.table, 5.0 MiB, huge pages not measured",
+                   "maps the replica of NUMA node 1: /dev/shm/engramd-x-g2-n1.table (its own node: 1)"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     assert "None" not in text, text
     lines = text.splitlines()

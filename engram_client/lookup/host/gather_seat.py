@@ -21,6 +21,7 @@ from typing import Any
 
 from ...core import budget_file
 from ...core.errors import EngramError
+from ...core.numa_nodes import cpu_rank_node, sysfs_root
 
 log = logging.getLogger("engram_client")
 MAX_BUDGET_THREADS = 64  # threads beyond this only wait for tokens: a rank never needs more in flight
@@ -60,6 +61,14 @@ def gpu_numa_node(device, sysfs: str = "/sys") -> int | None:
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+def rank_node(device, sysfs: str | None = None) -> int | None:
+    """This rank's NUMA node: its GPU's; for a CPU rank (or a GPU sysfs does not place) the node of
+    most of the CPUs it may run on; None where sysfs lists no nodes (core/numa_nodes.py)."""
+    sysfs = sysfs or sysfs_root()
+    node = gpu_numa_node(device, sysfs)
+    return node if node is not None else cpu_rank_node(os.sched_getaffinity(0), sysfs)
 
 
 def choose_group(groups: list[dict], gpu_node: int | None, allowed: set[int]) -> dict:
