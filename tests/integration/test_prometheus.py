@@ -7,10 +7,11 @@ Prometheus the labels that discovery would): daemon A serves the demo table to t
 processes looking rows up on device="cpu" (on A's gather budget); daemon B's load failed.  Every
 query of the dashboard and the signal of every alert are then evaluated through the HTTP API,
 each returning data for the live daemon A (but those that read the HBM cache's figures, which
-this daemon does not export yet: CACHE_METRICS_PENDING).  The rules Prometheus evaluates are the shipped file's with every `for:`
-shortened to 1 s (a copy written here; the expressions are the shipped ones), so that alerts
-that must fire do within seconds: LoadFailed for B, ReloadFailed for A after a reload of a
-broken checkpoint, Down for A once it is stopped; and none fires for A while it is healthy.
+this daemon does not export yet: CACHE_METRICS_PENDING).  The rules Prometheus evaluates are the
+shipped file's with every `for:` shortened to 1 s (a copy written here; the expressions are the
+shipped ones), so that alerts that must fire do within seconds: LoadFailed for B, ReloadFailed
+for A after a reload of a broken checkpoint, Down for A once it is stopped; and none fires for A
+while it is healthy.  The alerts no daemon here can bring about: test_prometheus_rule_cases.py.
 """
 from __future__ import annotations
 
