@@ -4,14 +4,18 @@ Found on PATH, or installed once where this can be done (root, with apt-get, a p
 registry reachable): `apt-get install --no-install-recommends prometheus`, after `apt-get
 update` if the package lists do not know it yet.  Otherwise the reason is returned, and the
 tests skip with it.  One line on stderr says an install runs; its output goes to a log file,
-kept (and named in the reason) only when the install fails.
+kept (and named in the reason) only when the install fails.  ``prometheus_binaries`` is the
+fixture the tests take them from (imported into each test module that needs it).
 """
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+
+import pytest
 
 PACKAGE = "prometheus"
 INSTALL_TIMEOUT_S = 600  # a fresh machine: the package lists, then about 30 MB of packages
@@ -54,3 +58,22 @@ def prometheus_tools(announce) -> tuple[str, str] | str:
     with open(log_path, errors="replace") as f:
         tail = " | ".join(f.read().strip().splitlines()[-3:])
     return f"could not install Debian's {PACKAGE} package (apt-get install {PACKAGE}): {tail} (log {log_path})"
+
+
+@pytest.fixture(scope="session")
+def prometheus_binaries(pytestconfig) -> tuple[str, str]:
+    """(prometheus, promtool), installed once if need be (the line saying so gets past pytest's
+    capture, an install taking up to minutes); skips with the reason where they cannot be had."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def announce(line: str) -> None:
+        if capture is None:  # -p no:capture
+            print(line, file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            print(line, file=sys.stderr, flush=True)
+
+    found = prometheus_tools(announce)
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found

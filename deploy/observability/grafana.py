@@ -1,4 +1,4 @@
-"""Grafana's JSON model of the engramd dashboard, built from panels.py.
+"""Grafana's JSON model of the engramd dashboard, built from panels.py (and the rows it gathers).
 
 Owns what every panel has in common: the data source (the $datasource variable, so the
 dashboard imports into any Grafana without editing), the $job and $instance variables, the
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from panels import ROWS, Panel, Row
+from panel_model import Panel, Row
+from panels import ROWS
 
 UID = "engramd"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

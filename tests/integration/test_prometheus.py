@@ -1,15 +1,17 @@
 """The dashboard and the alerting rules against a real Prometheus scraping real daemons.
 
-Debian's prometheus (tests/prometheus_tools.py installs it or the tests skip) scrapes, every
+Debian's prometheus (tests/prometheus_tools.py installs it or the tests skip) scrapes, twice a
 second, two real daemons through the shipped Kubernetes scrape job (its relabelling as it is;
 file_sd stands in for Kubernetes' pod discovery, which Debian's build leaves out, handing
 Prometheus the labels that discovery would): daemon A serves the demo table to two real client
-processes looking rows up on device="cpu"; daemon B's load failed.  Every query of the dashboard
-and the signal of every alert are then evaluated through the HTTP API, each returning data for
-the live daemon A.  The rules Prometheus evaluates are the shipped file's with every `for:`
-shortened to 1 s (a copy written here; the expressions are the shipped ones), so that alerts
-that must fire do within seconds: LoadFailed for B, ReloadFailed for A after a reload of a
-broken checkpoint, Down for A once it is stopped; and none fires for A while it is healthy.
+processes looking rows up on device="cpu" (on A's gather budget); daemon B's load failed.  Every
+query of the dashboard and the signal of every alert are then evaluated through the HTTP API,
+each returning data for the live daemon A (but those that read the HBM cache's figures, which
+this daemon does not export yet: CACHE_METRICS_PENDING).  The rules Prometheus evaluates are the
+shipped file's with every `for:` shortened to 1 s (a copy written here; the expressions are the
+shipped ones), so that alerts that must fire do within seconds: LoadFailed for B, ReloadFailed
+for A after a reload of a broken checkpoint, Down for A once it is stopped; and none fires for A
+while it is healthy.  The alerts no daemon here can bring about: test_prometheus_rule_cases.py.
 """
 from __future__ import annotations
 
@@ -26,12 +28,21 @@ import pytest
 from waiting import end_process, free_port, wait_for
 
 from promql_names import selectors, split_comparison
-from prometheus_tools import prometheus_tools
+from prometheus_tools import prometheus_binaries  # noqa: F401  (a fixture)
 
 yaml = pytest.importorskip("yaml")
 
 OBSERVABILITY = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "observability")
-RATE_WINDOW = "10s"  # what $__rate_interval stands for at a 1 s scrape: ten samples
+SCRAPE = "500ms"  # scrape and rule evaluation: short, so that the test waits little for either
+RATE_WINDOW = "5s"  # what $__rate_interval stands for at that scrape: ten samples
+# The HBM hot-row cache's per-client figures, which the dashboard and the rules read but this
+# daemon does not export yet (they come with the cache, reported in each client's heartbeats).
+# Queries naming one of these are checked for their names only, and need return no data; every
+# other query must.  Once engramd exports them this test fails on the first one it finds: then
+# delete this constant, and the queries that read them must return data like all the others.
+CACHE_METRICS_PENDING = frozenset({
+    "engramd_client_cache_hits", "engramd_client_cache_misses", "engramd_client_cache_fetched_rows",
+    "engramd_client_cache_bytes", "engramd_client_cache_fixed_rows", "engramd_client_cache_recent_rows"})
 CLIENT = textwrap.dedent("""
     import os, sys, time
     import torch
@@ -47,30 +58,13 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def tools(pytestconfig):
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def announce(line: str) -> None:
-        if capture is None:  # -p no:capture
-            print(line, file=sys.stderr, flush=True)
-            return
-        with capture.global_and_fixture_disabled():
-            print(line, file=sys.stderr, flush=True)
-
-    found = prometheus_tools(announce)
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
-
-
 def shipped(name: str):
     with open(os.path.join(OBSERVABILITY, name)) as f:
         return json.load(f) if name.endswith(".json") else yaml.safe_load(f)
 
 
-def test_promtool_accepts_the_rules_and_the_static_scrape_config(tools):
-    _, promtool = tools
+def test_promtool_accepts_the_rules_and_the_static_scrape_config(prometheus_binaries):
+    _, promtool = prometheus_binaries
     for command in (["check", "rules", "engramd-rules.yaml"], ["check", "config", "prometheus-static.yaml"]):
         result = subprocess.run([promtool, *command], cwd=OBSERVABILITY, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, f"promtool {' '.join(command)}:\n{result.stdout}{result.stderr}"
@@ -88,7 +82,7 @@ class Prometheus:
         (directory / "rules.yaml").write_text(yaml.safe_dump(rules))
         (directory / "targets.json").write_text(json.dumps(targets))
         config = shipped("prometheus-kubernetes.yaml")
-        config["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+        config["global"] = {"scrape_interval": SCRAPE, "scrape_timeout": SCRAPE, "evaluation_interval": SCRAPE}
         config["rule_files"] = [str(directory / "rules.yaml")]
         (job,) = config["scrape_configs"]
         del job["kubernetes_sd_configs"]
@@ -157,8 +151,8 @@ def for_node(expr: str, node: str) -> str:
             .replace("$instance", node))
 
 
-def test_dashboard_and_rules_against_live_daemons(tools, daemon_factory, tmp_path):
-    prometheus_binary, _ = tools
+def test_dashboard_and_rules_against_live_daemons(prometheus_binaries, daemon_factory, tmp_path):
+    prometheus_binary, _ = prometheus_binaries
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
@@ -190,17 +184,28 @@ def test_dashboard_and_rules_against_live_daemons(tools, daemon_factory, tmp_pat
                                           'engramd_clients{instance="node-a"} == 2 and '
                                           'engramd_generation{instance="node-a"} == 2'),
                  "a dozen scrapes of A, the last with both clients and generation 2", timeout=90)
+        # The gather budget's panels read what each client's heartbeats report (every third of
+        # --lease-seconds): both clients' rows must have moved within the dashboard's rate window.
+        wait_for(lambda: prometheus.query(f'count(rate(engramd_client_gather_rows{{instance="node-a"}}[{RATE_WINDOW}]) '
+                                          f'> 0) == 2'),
+                 "both clients' rows gathered on A's budget to rise between scrapes", timeout=60)
 
         assert set(prometheus.api("label/instance/values", **{"match[]": "engramd_state"})) == {"node-a", "node-b"}
         assert prometheus.api("label/job/values", **{"match[]": "engramd_state"}) == ["engramd"]
         exported = exported_names(port_a) | {"up"}  # up: Prometheus's own, per target
+        landed = CACHE_METRICS_PENDING & exported
+        assert not landed, f"engramd exports {sorted(landed)} now: delete CACHE_METRICS_PENDING from this test"
+        known = exported | CACHE_METRICS_PENDING
 
         dashboard = shipped("grafana-engramd.json")
         for panel in (p for p in dashboard["panels"] if p["type"] != "row"):
             for target in panel["targets"]:
                 names = {name for name, _ in selectors(target["expr"])}
-                assert names <= exported, f"{panel['title']} reads {names - exported}, which engramd does not export"
+                assert names <= known, f"{panel['title']} reads {names - known}, which engramd does not export"
                 values = prometheus.query(for_node(target["expr"], "node-a"))
+                if names & CACHE_METRICS_PENDING:
+                    assert values == {}, f"{panel['title']}: {values}"  # Prometheus ran it; nothing to read yet
+                    continue
                 assert set(values) == {"node-a"}, f"{panel['title']}: {target['expr']} returned {values}"
                 assert all(math.isfinite(v) for v in values.values()), f"{panel['title']}: {values}"
         state = next(p for p in dashboard["panels"] if p["title"] == "State")["targets"][0]["expr"]
@@ -209,9 +214,12 @@ def test_dashboard_and_rules_against_live_daemons(tools, daemon_factory, tmp_pat
         alerts = [rule for group in shipped("engramd-rules.yaml")["groups"] for rule in group["rules"]]
         for rule in alerts:
             names = {name for name, _ in selectors(rule["expr"])}
-            assert names <= exported, f"{rule['alert']} reads {names - exported}, which engramd does not export"
+            assert names <= known, f"{rule['alert']} reads {names - known}, which engramd does not export"
             signal, _, _ = split_comparison(rule["expr"])
             values = prometheus.query(signal)
+            if names & CACHE_METRICS_PENDING:
+                assert values == {}, f"{rule['alert']}: {values}"  # Prometheus ran it; nothing to read yet
+                continue
             assert "node-a" in values and math.isfinite(values["node-a"]), f"{rule['alert']}: {signal} -> {values}"
             if rule["alert"] == "EngramdPeerRefusedRepeatedly":
                 assert values["node-a"] > 0, "the rule does not see the second refusal"

@@ -129,3 +129,18 @@ def test_the_plain_scrape_configs_name_the_job_engramd_and_load_the_rules():
     keep = {rule["source_labels"][0]: rule["regex"] for rule in job["relabel_configs"] if rule.get("action") == "keep"}
     assert re.fullmatch(keep["__meta_kubernetes_pod_label_app_kubernetes_io_name"], labels["app.kubernetes.io/name"])
     assert re.fullmatch(keep["__meta_kubernetes_pod_container_port_name"], "metrics")
+
+
+def test_the_huge_page_alert_fires_where_the_daemon_warns():
+    from engramd.shm import huge_pages
+
+    (rule,) = [rule for rule in ALERTS if rule["alert"] == "EngramdHugePageCoverageLow"]
+    _, op, threshold = split_comparison(rule["expr"])
+    assert (op, threshold) == ("<", huge_pages.WARN_COVERAGE)
+    assert re.search(rf"engramd_table_bytes >= {huge_pages.WARN_BYTES}\)", rule["expr"]), rule["expr"]
+
+
+def test_the_kubernetes_readme_lists_every_alert_with_its_duration():
+    with open(os.path.join(K8S, "README.md")) as f:
+        table = dict(re.findall(r"^\| `(Engramd\w+)` \| [^|]+ \| ([^|]+) \|$", f.read(), re.M))
+    assert table == {rule["alert"]: rule.get("for", "-") for rule in ALERTS}
