@@ -172,8 +172,8 @@ def test_status_is_3_when_nothing_listens(socket_dir):
 
 def test_status_wait_against_nothing_is_bounded(socket_dir):
     endpoint = f"ipc://{socket_dir}/nobody.sock"
-    # The timeout bounds the test: --wait 0.5 must give up long before it.
-    proc = engramd("status", "--wait", "0.5", "--socket", endpoint, timeout=20)
+    # The timeout bounds the test: --wait 0.5 (each request waiting up to --timeout) must give up long before it.
+    proc = engramd("status", "--wait", "0.5", "--timeout", "2", "--socket", endpoint, timeout=20)
     assert proc.returncode == 3, proc.stderr
     assert len(error_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr, proc.stderr
 

@@ -24,6 +24,11 @@ def cli(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
+# Each status request waits up to --timeout (10 s by default, test_status_timeout.py holds that);
+# against nothing, 2 s shows the same outcome as 10.
+SHORT_TIMEOUT = ("--timeout", "2")
+
+
 @pytest.fixture
 def endpoint(socket_dir):
     return f"ipc://{socket_dir}/engramd.sock"
@@ -64,7 +69,7 @@ def test_status_without_a_socket_file_says_so(endpoint):
 ])
 def test_status_json_always_prints_an_object(request, state_fixture, state, reason):
     where = request.getfixturevalue(state_fixture)
-    result = cli("status", "--json", "--socket", where)
+    result = cli("status", "--json", "--socket", where, *SHORT_TIMEOUT)
     assert result.exit_code == EXIT_UNREACHABLE
     report = json.loads(result.stdout)
     assert report["state"] == state and report["endpoint"] == where
@@ -74,7 +79,7 @@ def test_status_json_always_prints_an_object(request, state_fixture, state, reas
 
 def test_status_wait_reports_the_time_it_really_waited(endpoint):
     started = time.monotonic()
-    result = cli("status", "--socket", endpoint, "--wait", "1.5")
+    result = cli("status", "--socket", endpoint, "--wait", "1.5", *SHORT_TIMEOUT)
     elapsed = time.monotonic() - started
     assert result.exit_code == EXIT_UNREACHABLE
     waited = float(re.search(r"socket file missing \(waited ([0-9.]+) s\)", result.stderr).group(1))
@@ -83,7 +88,7 @@ def test_status_wait_reports_the_time_it_really_waited(endpoint):
 
 def test_a_hung_daemon_is_reported_with_the_time_waited_and_no_hint_to_rerun(hung_socket):
     started = time.monotonic()
-    result = cli("status", "--socket", hung_socket, "--wait", "1.5")
+    result = cli("status", "--socket", hung_socket, "--wait", "1.5", *SHORT_TIMEOUT)
     elapsed = time.monotonic() - started
     assert result.exit_code == EXIT_UNREACHABLE
     waited = float(re.search(r"did not answer 'status' within ([0-9.]+) s", result.stderr).group(1))
@@ -126,7 +131,7 @@ def test_silence_on_tcp_is_explained_without_talk_of_socket_files(tmp_path):
     keys = str(tmp_path / "keys")
     create_keys(keys)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    result = cli("status", "--json", "--socket", endpoint, "--curve-keys-dir", keys)
+    result = cli("status", "--json", "--socket", endpoint, "--curve-keys-dir", keys, *SHORT_TIMEOUT)
     assert result.exit_code == EXIT_UNREACHABLE
     report = json.loads(result.stdout)
     assert report["state"] == "unreachable" and "did not answer 'status'" in report["error"]

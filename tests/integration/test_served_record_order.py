@@ -42,10 +42,13 @@ def test_a_crash_inside_the_records_fsync_does_not_roll_clients_back(daemon_fact
         daemon.connection.request("reload", {"checkpoint": b})
         wait_for(lambda: temporaries(daemon.shm_dir), "the served record's temporary to appear", 60)
         seen = daemon.status()  # what any client could see while the record is not yet in place
-        daemon.kill(signal.SIGKILL)
+        # A traced daemon dies only once strace lets go of it, so strace goes right after the SIGKILL:
+        # the kernel skips a syscall whose tracee has a SIGKILL pending, and the held fsync never runs.
+        daemon.proc.send_signal(signal.SIGKILL)
     finally:
         tracer.kill()
         tracer.wait(timeout=30)
+    daemon.proc.wait(timeout=30)
     assert temporaries(daemon.shm_dir), "the crash left no temporary: nothing here was tested"
 
     again = daemon_factory("--checkpoint", a)
