@@ -6,8 +6,8 @@ file_sd stands in for Kubernetes' pod discovery, which Debian's build leaves out
 Prometheus the labels that discovery would): daemon A serves the demo table to two real client
 processes looking rows up on device="cpu" (on A's gather budget); daemon B's load failed.  Every
 query of the dashboard and the signal of every alert are then evaluated through the HTTP API,
-each returning data for the live daemon A (but those that read the HBM cache's figures, which
-this daemon does not export yet: CACHE_METRICS_PENDING).  The rules Prometheus evaluates are the
+each returning data for the live daemon A (the HBM cache's figures too: a client with the cache
+off reports zeros).  The rules Prometheus evaluates are the
 shipped file's with every `for:` shortened to 1 s (a copy written here; the expressions are the
 shipped ones), so that alerts that must fire do within seconds: LoadFailed for B, ReloadFailed
 for A after a reload of a broken checkpoint, Down for A once it is stopped; and none fires for A
@@ -35,14 +35,6 @@ yaml = pytest.importorskip("yaml")
 OBSERVABILITY = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "observability")
 SCRAPE = "500ms"  # scrape and rule evaluation: short, so that the test waits little for either
 RATE_WINDOW = "5s"  # what $__rate_interval stands for at that scrape: ten samples
-# The HBM hot-row cache's per-client figures, which the dashboard and the rules read but this
-# daemon does not export yet (they come with the cache, reported in each client's heartbeats).
-# Queries naming one of these are checked for their names only, and need return no data; every
-# other query must.  Once engramd exports them this test fails on the first one it finds: then
-# delete this constant, and the queries that read them must return data like all the others.
-CACHE_METRICS_PENDING = frozenset({
-    "engramd_client_cache_hits", "engramd_client_cache_misses", "engramd_client_cache_fetched_rows",
-    "engramd_client_cache_bytes", "engramd_client_cache_fixed_rows", "engramd_client_cache_recent_rows"})
 CLIENT = textwrap.dedent("""
     import os, sys, time
     import torch
@@ -193,9 +185,7 @@ def test_dashboard_and_rules_against_live_daemons(prometheus_binaries, daemon_fa
         assert set(prometheus.api("label/instance/values", **{"match[]": "engramd_state"})) == {"node-a", "node-b"}
         assert prometheus.api("label/job/values", **{"match[]": "engramd_state"}) == ["engramd"]
         exported = exported_names(port_a) | {"up"}  # up: Prometheus's own, per target
-        landed = CACHE_METRICS_PENDING & exported
-        assert not landed, f"engramd exports {sorted(landed)} now: delete CACHE_METRICS_PENDING from this test"
-        known = exported | CACHE_METRICS_PENDING
+        known = exported
 
         dashboard = shipped("grafana-engramd.json")
         for panel in (p for p in dashboard["panels"] if p["type"] != "row"):
@@ -203,9 +193,6 @@ def test_dashboard_and_rules_against_live_daemons(prometheus_binaries, daemon_fa
                 names = {name for name, _ in selectors(target["expr"])}
                 assert names <= known, f"{panel['title']} reads {names - known}, which engramd does not export"
                 values = prometheus.query(for_node(target["expr"], "node-a"))
-                if names & CACHE_METRICS_PENDING:
-                    assert values == {}, f"{panel['title']}: {values}"  # Prometheus ran it; nothing to read yet
-                    continue
                 assert set(values) == {"node-a"}, f"{panel['title']}: {target['expr']} returned {values}"
                 assert all(math.isfinite(v) for v in values.values()), f"{panel['title']}: {values}"
         state = next(p for p in dashboard["panels"] if p["title"] == "State")["targets"][0]["expr"]
@@ -217,9 +204,6 @@ def test_dashboard_and_rules_against_live_daemons(prometheus_binaries, daemon_fa
             assert names <= known, f"{rule['alert']} reads {names - known}, which engramd does not export"
             signal, _, _ = split_comparison(rule["expr"])
             values = prometheus.query(signal)
-            if names & CACHE_METRICS_PENDING:
-                assert values == {}, f"{rule['alert']}: {values}"  # Prometheus ran it; nothing to read yet
-                continue
             assert "node-a" in values and math.isfinite(values["node-a"]), f"{rule['alert']}: {signal} -> {values}"
             if rule["alert"] == "EngramdPeerRefusedRepeatedly":
                 assert values["node-a"] > 0, "the rule does not see the second refusal"

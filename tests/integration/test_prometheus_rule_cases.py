@@ -4,9 +4,8 @@ A table of a gigabyte or more on 4 KiB pages for 15 minutes, ranks starved of ga
 10, an HBM cache that misses for 30 (no CUDA here): `promtool test rules` runs the shipped rules
 file, as shipped (`for:` durations included), over series written below in its notation, one
 sample a minute, and these tests read which alerts fire from its ALERTS series.  The series
-stand in for what the daemon would export in each case (names and labels as it exports them,
-or as the cache's exporter will: test_prometheus.py, CACHE_METRICS_PENDING); what runs on them
-is the real thing.  Each case sets a node or client that must fire beside ones that must not.
+stand in for what the daemon would export in each case (names and labels as it exports them);
+what runs on them is the real thing.  Each case sets a node or client that must fire beside ones that must not.
 """
 from __future__ import annotations
 
