@@ -1,6 +1,6 @@
 """The HBM hot-row cache on text: rows fetched from host memory and lookup time, with and without it.
 
-    python -m benchmarks.hot_cache [--table-gib 32] [--cache-percent 1] [--steps 60] [--json FILE]
+    python -m benchmarks.hot_cache [--table-gib 32] [--cache-percent 1] [--steps 60] [--text-mib 0] [--json FILE]
 
 Starts a daemon on a demo table, tokenizes the bench's text (engram_client/tools/bench_text.py:
 CPython's topic docs and this project's docs, DeepSeek-V4's tokenizer and hash) and splits it: the
@@ -73,21 +73,24 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=100)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--layer", type=int, default=None)
+    parser.add_argument("--text-mib", type=float, default=0.0,
+                        help="the Python standard library's sources (code_text) instead of the bench's text")
+    parser.add_argument("--endpoint", default=None, help="an engramd already serving [default: start one]")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
     from engram_client import EngramClient
     from engram_client.tools.bench import start_daemon
-    from engram_client.tools.bench_text import DECODE_SEQUENCES, TextWorkload
+    from engram_client.tools.bench_text import DECODE_SEQUENCES, TextWorkload, code_text
 
-    proc, endpoint, _ = start_daemon(args.table_gib, 16)
+    proc, endpoint, _ = start_daemon(args.table_gib, 16) if args.endpoint is None else (None, args.endpoint, None)
     results = {"table_gib": args.table_gib, "cache_percent": args.cache_percent, "modes": {}}
     try:
         with EngramClient(endpoint=endpoint, device="cuda:0", timeout=600) as probe:
             layouts = [probe.table(layer).layout for layer in probe.layers]
             layer = args.layer if args.layer is not None else probe.layers[0]
             rows_in_layer = probe.table(layer).num_rows
-        workload = TextWorkload(layouts, layer, 4)
+        workload = TextWorkload(layouts, layer, 4, text=code_text(int(args.text_mib * 2**20)) if args.text_mib else None)
         total = workload.tokens.numel()
         train = workload.tokens[:int(total * SPLIT)]
         started = time.perf_counter()
@@ -124,8 +127,9 @@ def main() -> None:
         write_json(args.json, results)
         print(results)
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 if __name__ == "__main__":

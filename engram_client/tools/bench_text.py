@@ -51,10 +51,30 @@ def corpus_text() -> str:
     return "\n\n".join(parts)
 
 
+def code_text(max_bytes: int) -> str:
+    """More text than corpus_text: the Python standard library's own sources (code and its
+    docstrings), in path order, up to ``max_bytes``; for benchmarks that need millions of tokens."""
+    import sysconfig
+
+    parts, total = [], 0
+    for path in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "**", "*.py"), recursive=True)):
+        if total >= max_bytes:
+            break
+        try:
+            with open(path, encoding="utf-8") as f:
+                part = f.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        parts.append(part)
+        total += len(part)
+    return "\n\n".join(parts)[:max_bytes]
+
+
 class TextWorkload:
     """Row ids of text for one layer of a table, call by call."""
 
-    def __init__(self, layouts, layer: int, max_ngram: int, tokenizer_path: str | None = None):
+    def __init__(self, layouts, layer: int, max_ngram: int, tokenizer_path: str | None = None,
+                 text: str | None = None):
         from tokenizers import Tokenizer
 
         from engramd.loading.token_map import compressed_map
@@ -67,7 +87,8 @@ class TextWorkload:
         section = HashingSection.build(token_map, compressed, V4_PAD_TOKEN_ID, max_ngram, layer_ids)
         self.hasher = NgramHasher(section, token_map, list(layouts))
         self.layer_index = layer_ids.index(layer)
-        self.tokens = torch.tensor(Tokenizer.from_file(path).encode(corpus_text()).ids, dtype=torch.int64)
+        self.tokens = torch.tensor(Tokenizer.from_file(path).encode(corpus_text() if text is None else text).ids,
+                                   dtype=torch.int64)
         self._prefill_at = 0
         spread = self.tokens.numel() // DECODE_SEQUENCES
         self._decode_at = torch.arange(DECODE_SEQUENCES) * spread + max_ngram  # each has a full history
