@@ -46,6 +46,7 @@ CODES = {"bad_request": "ProtocolError", "not_ready": "NotReadyError", "unknown_
 MUTATING_OPS = {"stop", "reload"}
 MAX = protocol.MAX_REQUEST_BYTES
 REPLY_TIMEOUT_S = 10.0
+BOMB = (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00")  # a thousand nested 60,000-slot arrays, 64 KiB
 
 
 # --- a model of what the daemon must do -----------------------------------------------
@@ -293,7 +294,7 @@ request_payloads = packed(requests())
 pathological = st.sampled_from([
     b"", b"\xc1", b"\x80", b"\x90", b"\xc0", b"\xdf\xff\xff\xff\xff", b"\xdd\xff\xff\xff\xff",
     b"\xdb\xff\xff\xff\xff" + b"x" * 100, b"\xc6\xff\xff\xff\xff", b"\x91" * 5000 + b"\xc0",
-    (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00"),  # a thousand nested 60,000-slot arrays
+    BOMB,
     msgpack.packb(msgpack.ExtType(5, b"x")), msgpack.packb({"v": msgpack.Timestamp(0, 0), "id": 1}), b"\xd6\xff\x00\x00\x00",
     msgpack.packb({"v": "1.0", "id": 1, "op": "status", "args": {}}) + b"trailing",
     msgpack.packb({"v": "1.0", "id": 1, "op": "status"}) * 2,
@@ -366,11 +367,10 @@ def test_oversized_frames_are_dropped_without_reply(wire, sizes, fill):
 def test_frames_over_the_limit_together_are_not_answered(wire):
     """Frames each within 64 KiB but over it together (what test_any_framing draws now and then: a
     nested-array bomb among small frames) close the connection; the next connection is served."""
-    bomb = (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00")
-    for frames in ([b"x" * 9, b"y" * 38, bomb], [bomb, b"\xc1"], [b"", bomb, b"z"]):
+    for frames in ([b"x" * 9, b"y" * 38, BOMB], [BOMB, b"\xc1"], [b"", BOMB, b"z"]):
         assert over_the_bounds(frames)
         fuzz_one(wire, frames)
-    at_the_limit = [bomb[:MAX // 2], bomb[MAX // 2:]]  # 64 KiB together: answered, with a bad_request
+    at_the_limit = [BOMB[:MAX // 2], BOMB[MAX // 2:]]  # 64 KiB together: answered, with a bad_request
     assert not over_the_bounds(at_the_limit)
     fuzz_one(wire, at_the_limit)
 
@@ -495,7 +495,6 @@ def vm_kib(pid: int, field: str) -> int:
 
 def abuse(wire: Wire, rng: random.Random, answered: int, oversized: int, unanswered: int, bombs: int) -> int:
     """Bad requests of every kind; returns how many were sent."""
-    bomb = (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00")
     socks = [wire.dealer() for _ in range(4)]
     batch = 250
     for start in range(0, answered, batch):  # answered, and every reply read
@@ -505,7 +504,7 @@ def abuse(wire: Wire, rng: random.Random, answered: int, oversized: int, unanswe
             sock.send_multipart(frames)
         assert len(wire.exchange([b"\xc1"], sock)) == len(plan) + 1
     for _ in range(bombs):
-        check_reply([bomb], wire.exchange([bomb]))
+        check_reply([BOMB], wire.exchange([BOMB]))
     for _ in range(oversized):  # dropped by the socket, each on a connection of its own
         sock = wire.dealer()
         sock.send(rng.randbytes(8) * (MAX // 8 + 1 + rng.randint(0, 4 * MAX // 8)))
