@@ -25,7 +25,10 @@ and are kept out of the code check of the property tests (``version_bug``).
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import shutil
+import tempfile
 import time
 
 import msgpack
@@ -36,6 +39,7 @@ from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from conftest import DaemonProcess
 from engram_client.core import protocol
 from engramd.wire.bounds import MAX_FRAMES
 
@@ -232,12 +236,38 @@ class Wire:
             sock.close(linger=0)
 
 
-@pytest.fixture
-def wire(demo_daemon):
-    w = Wire(demo_daemon)
+@pytest.fixture(scope="module")
+def fuzzed_daemon():
+    """One demo daemon for the module's tests (a daemon start each cost a second): none of them stops or
+    reloads it (MUTATING_OPS are never sent), and each checks that it still answers as the boot it met
+    first.  The memory test has a daemon of its own (its VmHWM starts fresh)."""
+    socket_dir = tempfile.mkdtemp(prefix="engt-")
+    shm_dir = tempfile.mkdtemp(prefix="engt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    daemon = DaemonProcess(socket_dir, shm_dir, "--lease-seconds", "1.5").start()
+    try:
+        daemon.wait_state("ready")
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+        shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+def wire_to(daemon):
+    w = Wire(daemon)
     yield w
     w.close()
-    assert demo_daemon.proc.poll() is None, f"the daemon died:\n{demo_daemon.log()[-3000:]}"
+    assert daemon.proc.poll() is None, f"the daemon died:\n{daemon.log()[-3000:]}"
+
+
+@pytest.fixture
+def wire(fuzzed_daemon):
+    yield from wire_to(fuzzed_daemon)
+
+
+@pytest.fixture
+def fresh_wire(demo_daemon):
+    yield from wire_to(demo_daemon)
 
 
 def fuzz_one(wire: Wire, frames: list[bytes]) -> None:
@@ -521,7 +551,8 @@ def abuse(wire: Wire, rng: random.Random, answered: int, oversized: int, unanswe
     return answered + oversized + unanswered + bombs
 
 
-def test_memory_stays_bounded_under_bad_requests(wire, demo_daemon):
+def test_memory_stays_bounded_under_bad_requests(fresh_wire, demo_daemon):
+    wire = fresh_wire
     pid, rng = demo_daemon.proc.pid, random.Random(7)
     hwm_fresh = vm_kib(pid, "VmHWM")
     abuse(wire, rng, answered=500, oversized=20, unanswered=200, bombs=2)  # warm up allocators and caches
