@@ -25,7 +25,10 @@ and are kept out of the code check of the property tests (``version_bug``).
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import shutil
+import tempfile
 import time
 
 import msgpack
@@ -36,6 +39,7 @@ from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from conftest import DaemonProcess
 from engram_client.core import protocol
 from engramd.wire.bounds import MAX_FRAMES
 
@@ -46,6 +50,7 @@ CODES = {"bad_request": "ProtocolError", "not_ready": "NotReadyError", "unknown_
 MUTATING_OPS = {"stop", "reload"}
 MAX = protocol.MAX_REQUEST_BYTES
 REPLY_TIMEOUT_S = 10.0
+BOMB = (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00")  # a thousand nested 60,000-slot arrays, 64 KiB
 
 
 # --- a model of what the daemon must do -----------------------------------------------
@@ -231,12 +236,38 @@ class Wire:
             sock.close(linger=0)
 
 
-@pytest.fixture
-def wire(demo_daemon):
-    w = Wire(demo_daemon)
+@pytest.fixture(scope="module")
+def fuzzed_daemon():
+    """One demo daemon for the module's tests (a daemon start each cost a second): none of them stops or
+    reloads it (MUTATING_OPS are never sent), and each checks that it still answers as the boot it met
+    first.  The memory test has a daemon of its own (its VmHWM starts fresh)."""
+    socket_dir = tempfile.mkdtemp(prefix="engt-")
+    shm_dir = tempfile.mkdtemp(prefix="engt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    daemon = DaemonProcess(socket_dir, shm_dir, "--lease-seconds", "1.5").start()
+    try:
+        daemon.wait_state("ready")
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+        shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+def wire_to(daemon):
+    w = Wire(daemon)
     yield w
     w.close()
-    assert demo_daemon.proc.poll() is None, f"the daemon died:\n{demo_daemon.log()[-3000:]}"
+    assert daemon.proc.poll() is None, f"the daemon died:\n{daemon.log()[-3000:]}"
+
+
+@pytest.fixture
+def wire(fuzzed_daemon):
+    yield from wire_to(fuzzed_daemon)
+
+
+@pytest.fixture
+def fresh_wire(demo_daemon):
+    yield from wire_to(demo_daemon)
 
 
 def fuzz_one(wire: Wire, frames: list[bytes]) -> None:
@@ -293,7 +324,7 @@ request_payloads = packed(requests())
 pathological = st.sampled_from([
     b"", b"\xc1", b"\x80", b"\x90", b"\xc0", b"\xdf\xff\xff\xff\xff", b"\xdd\xff\xff\xff\xff",
     b"\xdb\xff\xff\xff\xff" + b"x" * 100, b"\xc6\xff\xff\xff\xff", b"\x91" * 5000 + b"\xc0",
-    (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00"),  # a thousand nested 60,000-slot arrays
+    BOMB,
     msgpack.packb(msgpack.ExtType(5, b"x")), msgpack.packb({"v": msgpack.Timestamp(0, 0), "id": 1}), b"\xd6\xff\x00\x00\x00",
     msgpack.packb({"v": "1.0", "id": 1, "op": "status", "args": {}}) + b"trailing",
     msgpack.packb({"v": "1.0", "id": 1, "op": "status"}) * 2,
@@ -366,11 +397,10 @@ def test_oversized_frames_are_dropped_without_reply(wire, sizes, fill):
 def test_frames_over_the_limit_together_are_not_answered(wire):
     """Frames each within 64 KiB but over it together (what test_any_framing draws now and then: a
     nested-array bomb among small frames) close the connection; the next connection is served."""
-    bomb = (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00")
-    for frames in ([b"x" * 9, b"y" * 38, bomb], [bomb, b"\xc1"], [b"", bomb, b"z"]):
+    for frames in ([b"x" * 9, b"y" * 38, BOMB], [BOMB, b"\xc1"], [b"", BOMB, b"z"]):
         assert over_the_bounds(frames)
         fuzz_one(wire, frames)
-    at_the_limit = [bomb[:MAX // 2], bomb[MAX // 2:]]  # 64 KiB together: answered, with a bad_request
+    at_the_limit = [BOMB[:MAX // 2], BOMB[MAX // 2:]]  # 64 KiB together: answered, with a bad_request
     assert not over_the_bounds(at_the_limit)
     fuzz_one(wire, at_the_limit)
 
@@ -495,7 +525,6 @@ def vm_kib(pid: int, field: str) -> int:
 
 def abuse(wire: Wire, rng: random.Random, answered: int, oversized: int, unanswered: int, bombs: int) -> int:
     """Bad requests of every kind; returns how many were sent."""
-    bomb = (b"\xdd\x00\x00\xea\x00" * 1000).ljust(MAX, b"\x00")
     socks = [wire.dealer() for _ in range(4)]
     batch = 250
     for start in range(0, answered, batch):  # answered, and every reply read
@@ -505,7 +534,7 @@ def abuse(wire: Wire, rng: random.Random, answered: int, oversized: int, unanswe
             sock.send_multipart(frames)
         assert len(wire.exchange([b"\xc1"], sock)) == len(plan) + 1
     for _ in range(bombs):
-        check_reply([bomb], wire.exchange([bomb]))
+        check_reply([BOMB], wire.exchange([BOMB]))
     for _ in range(oversized):  # dropped by the socket, each on a connection of its own
         sock = wire.dealer()
         sock.send(rng.randbytes(8) * (MAX // 8 + 1 + rng.randint(0, 4 * MAX // 8)))
@@ -522,7 +551,8 @@ def abuse(wire: Wire, rng: random.Random, answered: int, oversized: int, unanswe
     return answered + oversized + unanswered + bombs
 
 
-def test_memory_stays_bounded_under_bad_requests(wire, demo_daemon):
+def test_memory_stays_bounded_under_bad_requests(fresh_wire, demo_daemon):
+    wire = fresh_wire
     pid, rng = demo_daemon.proc.pid, random.Random(7)
     hwm_fresh = vm_kib(pid, "VmHWM")
     abuse(wire, rng, answered=500, oversized=20, unanswered=200, bombs=2)  # warm up allocators and caches

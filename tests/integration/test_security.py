@@ -101,7 +101,7 @@ def test_remote_status_over_curve_answers_status_only_and_only_to_authorized_key
     finally:
         intruder.close()
     cli = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", endpoint, "--curve-keys-dir",
-                          stranger, "--json"], capture_output=True, text=True, timeout=60)
+                          stranger, "--json", "--timeout", "2"], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 3 and "error:" in cli.stderr
 
 
