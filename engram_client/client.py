@@ -27,6 +27,7 @@ from .client_state import ClientState, same_file
 from .attach.connection import DaemonConnection
 from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
+from .lookup.host.hot_cache import cache_for_view
 from .lookup.uva.hot_rows import HotRowCache
 from .lookup.config import LookupConfig, default_gather_threads
 from .attach.mapped_generation import MappedGeneration
@@ -92,7 +93,6 @@ class EngramClient:
         state = self._state
         wait_ready(state.connection, timeout, min_request_timeout=0.1)
         from .lookup.host.gather_seat import rank_node
-
         state.numa_node = rank_node(self.device)  # picks the table replica it maps (protocol 1.4)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
                              "device": str(self.device), "numa_node": state.numa_node}
@@ -106,8 +106,8 @@ class EngramClient:
             self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
             raise
         if len(reply.get("replicas") or ()) > 1:
-            log.info("engram_client: maps the table replica of NUMA node %s (%s); this rank's node is %s",
-                     replica["node"], replica["path"], state.numa_node)
+            log.info("engram_client: maps the replica of NUMA node %s (%s); this rank's node is %s", replica["node"],
+                     replica["path"], state.numa_node)
         state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.device.type == "cpu" or self.lookup_config.path != "uva":
             from .lookup.host.gather_seat import take_seat
@@ -135,29 +135,14 @@ class EngramClient:
         """A table with this client's lookup config, for one layer's view (warmed on CUDA: the
         host path's first host function and kernel launch are slow, and belong to attach)."""
         config = self.lookup_config
-        cache = HotRowCache.for_budget(config.hot_cache_bytes // len(mapped.layers), lv.layout.head_dim,
-                                       config.out_dtype, self.device, refresh_every=config.hot_cache_refresh_every) \
-            if config.hot_cache_bytes and config.path == "uva" else None
+        cache = HotRowCache.for_config(config, len(mapped.layers), lv.layout.head_dim, self.device)  # the UVA path's
+        hbm = cache_for_view(config, lv, mapped, self.device, self._state.pool, self._state.stream)  # the host path's
         table = LayerTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, config=config,
                             host_rows=lv.host_view, pool=self._state.pool, hot_cache=cache,
-                            hbm_cache=self._hbm_cache(lv, mapped), before_call=self._before_call_hook())
+                            hbm_cache=hbm, before_call=self._before_call_hook())
         if table._host is not None and self.device.type == "cuda":
             table._host.warm(table)
         return table
-
-    def _hbm_cache(self, lv, mapped):
-        """The layer's HBM cache on the host path (its share of hot_cache_bytes), or None."""
-        config = self.lookup_config
-        if not config.hot_cache_bytes or config.path == "uva" or self._state.pool is None:
-            return None
-        from .lookup.host.hot_cache import cache_for_layer, layer_budgets
-
-        budget = layer_budgets(config.hot_cache_bytes, {k: v.hi - v.lo for k, v in mapped.layers.items()})
-        hot_list = getattr(mapped, "hot_list", None)
-        ranked = hot_list.ranked(lv.layout.layer) if hot_list is not None and lv.layout.layer in hot_list.layers \
-            else None
-        return cache_for_layer(budget[lv.layout.layer], lv.layout, lv.host_view, lv.lo, lv.hi, self.device,
-                               self._state.pool, self._state.stream, ranked)
 
     def _before_call_hook(self):
         """A hook for the tables that does not keep the client alive: a table reachable from
@@ -207,7 +192,8 @@ class EngramClient:
             for layer, lv in new.layers.items():
                 if layer in state.tables:
                     state.tables[layer].release()  # graphs captured on the old rows must not read them
-                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view, self._hbm_cache(lv, new))
+                    hbm = cache_for_view(self.lookup_config, lv, new, self.device, state.pool, state.stream)
+                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view, hbm)
                 else:
                     state.tables[layer] = self._new_table(lv, new)
             state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False

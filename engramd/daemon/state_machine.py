@@ -282,10 +282,9 @@ class Daemon:
         log.info("client %s attached to generation %d (pid %d on %s, device %s, rank %s, replica %s)", lease.id,
                  current.number, pid, host, device, rank, replica["path"])
         return {"client_id": lease.id, "lease_secret": lease.secret, "lease_seconds": self.config.lease_seconds,
-                "boot_id": self.boot_id, "generation": current.number, "table_path": current.path,
-                "fingerprint": current.header.fingerprint, "replicas": replicas,
-                "budget": self.budget.describe() if self.budget is not None else None,
-                "hot_rows": attach_view(current.hot_rows)}
+                "boot_id": self.boot_id, "generation": current.number, "table_path": current.path, "replicas": replicas,
+                "fingerprint": current.header.fingerprint, "hot_rows": attach_view(current.hot_rows),
+                "budget": self.budget.describe() if self.budget is not None else None}
 
     def heartbeat(self, client_id: str, secret: str = "", **reports: dict | None) -> dict[str, Any]:
         lease = self.leases.renew(client_id, secret, reports)  # budget, cache: the client's counters

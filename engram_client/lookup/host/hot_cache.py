@@ -156,6 +156,19 @@ def cache_for_layer(budget_bytes: int, layout, host_rows: torch.Tensor, row_lo: 
     return cache
 
 
+def cache_for_view(config, view, mapped, device: torch.device, pool, stream) -> HbmRowCache | None:
+    """The cache of one layer's view of a mapped generation: its share of the client's
+    ``hot_cache_bytes`` and its rows of the generation's hot-row list; None without a budget,
+    on the UVA path (it keeps its own), or without a gather pool."""
+    if not config.hot_cache_bytes or config.path == "uva" or pool is None:
+        return None
+    budget = layer_budgets(config.hot_cache_bytes, {k: v.hi - v.lo for k, v in mapped.layers.items()})
+    layer = view.layout.layer
+    hot_list = getattr(mapped, "hot_list", None)
+    ranked = hot_list.ranked(layer) if hot_list is not None and layer in hot_list.layers else None
+    return cache_for_layer(budget[layer], view.layout, view.host_view, view.lo, view.hi, device, pool, stream, ranked)
+
+
 def layer_budgets(total_bytes: int, rows: dict[int, int]) -> dict[int, int]:
     """A rank's cache budget split across its layers by their rows (registered ranges)."""
     whole = sum(rows.values()) or 1

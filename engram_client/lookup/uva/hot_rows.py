@@ -45,6 +45,14 @@ class HotRowCache:
         row_bytes = head_dim * torch.empty((), dtype=out_dtype).element_size()
         return cls(max(1, budget_bytes // row_bytes), head_dim, out_dtype, device, **kwargs)
 
+    @classmethod
+    def for_config(cls, config, layers: int, head_dim: int, device: torch.device) -> "HotRowCache | None":
+        """A layer's share of ``hot_cache_bytes`` where the client's lookups take the UVA path, else None."""
+        if not config.hot_cache_bytes or config.path != "uva":
+            return None
+        return cls.for_budget(config.hot_cache_bytes // layers, head_dim, config.out_dtype, device,
+                              refresh_every=config.hot_cache_refresh_every)
+
     @property
     def nbytes(self) -> int:
         return self.rows.numel() * self.rows.element_size() + self.keys.numel() * 8
