@@ -63,6 +63,18 @@ def _with_config(table, **options):
     return replace(rows, config=replace(rows.config, **options))
 
 
+def host_with_cache(client, host, budget_bytes: int):
+    """The host path's rows with a fresh HBM hot-row cache of ``budget_bytes`` (the daemon's
+    hot-row list for its fixed part where it serves one, else the recency part alone)."""
+    from engram_client.lookup.host.hot_cache import cache_for_layer
+
+    hot_list = getattr(client._state.mapped, "hot_list", None)
+    ranked = hot_list.ranked(host.layer) if hot_list is not None and host.layer in hot_list.layers else None
+    cache = cache_for_layer(budget_bytes, host.layout, host.host_rows, host.row_lo, host.row_hi, client.device,
+                            client._state.pool, client._state.stream, ranked)
+    return replace(host, hbm_cache=cache)
+
+
 def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_steps: int,
               max_programs: list[int | None], hot_cache_gib: float) -> dict:
     device = torch.device("cuda", 0)
@@ -76,6 +88,7 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
     if hot_cache_gib:
         cache = HotRowCache.for_budget(int(hot_cache_gib * 2**30), table.head_dim, table.out_dtype, device)
         tables[f"uva:auto/p{table.max_programs or 'all'}+cache"] = replace(uva, hot_cache=cache)
+        tables["host+cache"] = host_with_cache(client, host, int(hot_cache_gib * 2**30))
     status = client.status()
     rows_view = table.rows_view.view(-1, table.layout.row_bytes)
     weight_view, scale_view = rows_view[:, :table.head_dim], rows_view[:, table.head_dim:]
@@ -101,11 +114,18 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
             samples = {key: ([], []) for key in ("copy", *methods)}
             distinct = []
             dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            for t in tables.values():
+            for name, t in tables.items():
                 if t.hot_cache is not None:  # learn this distribution from calls before the timed ones
                     t.hot_cache.clear()
                     for _ in range(t.hot_cache.refresh_every):
                         t.prefetch(sampler.sample(rows, distribution)).wait()
+                if t.hbm_cache is not None:  # the host path's: a fresh cache, filled by the same warm-up calls
+                    t = tables[name] = host_with_cache(client, host, t.hbm_cache.budget_bytes)
+                    for _ in range(16):
+                        t.prefetch(sampler.sample(rows, distribution)).wait()
+            methods.update({f"ours:{name}": ((lambda t: lambda ids: t.prefetch(ids).wait())(t), False)
+                            for name, t in tables.items() if t.hbm_cache is not None})
+            counts_before = client._state.pool.cache_counts
             for it in range(iterations + 1):  # the first iteration warms up and checks; it is dropped
                 ids = sampler.sample(rows, distribution)
                 distinct.append(int(torch.unique(ids).numel()))
@@ -127,7 +147,10 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
                 for key, (gpu_ms, host_ms) in timings.items():
                     samples[key][0].append(gpu_ms)
                     samples[key][1].append(host_ms)
+            torch.cuda.synchronize(device)
+            hits, misses = (now - then for now, then in zip(client._state.pool.cache_counts[:2], counts_before[:2]))
             case = {"rows": rows, "distribution": distribution, "useful_bytes": nbytes,
+                    "host_cache_hit_rate": hits / max(1, hits + misses),  # "host+cache", warm-up and check included
                     "distinct_rows_median": statistics.median(distinct[1:]),
                     "distinct_fraction_median": statistics.median(distinct[1:]) / rows,
                     **{key: summary(*v) for key, v in samples.items()}}
@@ -158,6 +181,8 @@ def print_results(results: dict) -> None:
                   f"{case['distinct_fraction_median']:5.3f} {key:<26} "
                   f"{m['median_ms']:10.3f} {m['min_ms']:8.3f} {m['max_ms']:8.3f} {m.get('host_ms', 0):8.3f} "
                   f"{m['useful_GBps']:11.1f} {m['speedup_vs_naive']:8.2f} {m['vs_copy_time']:8.2f}")
+        if "ours:host+cache" in case:
+            print(f"{'':>7} {'':<8} {'':>8} {'':>5} host+cache hits {case['host_cache_hit_rate']:.1%} of its ids")
     for o in results["overlap"]:
         print(f"overlap, {o['path']} path{'' if o['path'] == 'host' else ', max_programs ' + str(o['max_programs'] or 'all')}"
               f": matmul loop {o['alone_ms']['median_ms']:.2f} ms alone, {o['with_prefetch_ms']['median_ms']:.2f} ms "

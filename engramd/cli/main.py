@@ -187,7 +187,7 @@ def keys(directory: str, force: bool) -> None:
 @click.option("--max-programs", default="default,0", show_default=True,
               help="Comma-separated caps on the lookup grid to compare (0: uncapped; default: the client's).")
 @click.option("--hot-cache-gib", default=1.0, show_default=True, type=float,
-              help="Also time the default path with a hot-row cache of this size (0: skip).")
+              help="Also time both paths with a hot-row cache of this size (0: skip).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Also write the results here.")
 @click.option("--markdown", is_flag=True, help="Also print the tables as docs/BENCHMARKS.md records them.")
 def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: str, load_threads: int,
