@@ -170,3 +170,33 @@ def test_the_heartbeat_report_sums_the_layers(demo_daemon):
         # insertion a set a call: rows that shared a set with another miss of that call come again).
         assert hits + misses == 2000 and 1000 <= misses < 1100 and report["fetched"] - before["fetched"] == misses
         assert 0 < report["bytes"] <= CACHE and report["recent_rows"] > 0
+
+
+def test_a_served_hot_row_list_fills_the_fixed_part_at_attach(daemon_factory, tmp_path):
+    """The whole way: `engramd hot-rows build` on a synthetic checkpoint, `serve --hot-rows`, and a
+    rank whose cache holds the list's rows from its first lookup (rows checked against a CPU rank)."""
+    from click.testing import CliRunner
+
+    from engramd.cli.main import main
+    from engramd.loading.hot_rows_build import build_hot_rows
+
+    result = CliRunner().invoke(main, ["synth", str(tmp_path / "a"), "--vocab-size", "300", "--tokenizer-vocab", "400"])
+    assert result.exit_code == 0, result.output
+    words = [w for w in (tmp_path / "a" / "tokenizer.json").read_text().split('"') if w.isalpha()][:200]
+    rng = np.random.default_rng(5)
+    (tmp_path / "traffic.txt").write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(300)) + "\n")
+    build_hot_rows(str(tmp_path / "a"), [str(tmp_path / "traffic.txt")], str(tmp_path / "a.hot"), rows_per_layer=64)
+    daemon = daemon_factory("--checkpoint", str(tmp_path / "a"), "--hot-rows", str(tmp_path / "a.hot"))
+    daemon.wait_state("ready")
+    with EngramClient(endpoint=daemon.endpoint, device="cuda:0", hot_cache_bytes=CACHE) as client, \
+            EngramClient(endpoint=daemon.endpoint, device="cpu") as reference:
+        layer = client.layers[0]
+        listed = client._state.mapped.hot_list.ranked(layer)
+        table = client.table(layer)
+        assert table._rows.hbm_cache.fixed_count == listed.size == 64
+        before = counts(client)
+        ids = torch.from_numpy(np.ascontiguousarray(listed[::-1]))
+        out = table.lookup(ids.cuda())
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu().view(torch.int16), reference.table(layer).lookup(ids).view(torch.int16))
+        assert counts(client)[0] - before[0] == 64  # every listed row from HBM, none from the host
