@@ -22,7 +22,7 @@ extensions_stale() {
 entry_points_current() {
   .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(not any(e.value == 'engram_client.integrations.vllm:register' for e in m.entry_points(group='vllm.general_plugins')))"
 }
-if .venv/bin/python -c "import engramd, engram_client, engram_client.lookup.host._host_gather, engram_client.hashing._ngram_hash, tokenizers, torch, zmq, pytest, hypothesis, prometheus_client, yaml" 2>/dev/null; then
+if .venv/bin/python -c "import engramd, engram_client, engram_client.lookup.host._host_gather, engram_client.hashing._ngram_hash, tokenizers, torch, zmq, pytest, xdist, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   if extensions_stale; then
     echo "setup: the C sources changed since the extensions were built; rebuilding them ..." >&2
     .venv/bin/python -m pip install -q --no-deps -e .
