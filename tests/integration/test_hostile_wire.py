@@ -171,7 +171,10 @@ def test_a_peer_that_keeps_sending_and_never_reads_is_cut(demo_daemon):
     sock = connect(endpoints.ipc_path(demo_daemon.endpoint), b"DEALER")
     payload = frame(request("status", 7, {"clients_limit": 1024, "pad": "p" * 400}))
     sock.sendall(payload * 600)  # 280 KB of requests whose 580 KB of replies it never reads
-    wait_for(lambda: unread_bytes(sock) > 50_000, "the daemon to answer until this peer's queues are full", 30)
+    # How much of the replies the kernel holds for this unread socket varies from run to run (45 to 85 KB
+    # of 580 KB measured: it counts buffers, not bytes), so what is waited for is that replies came at all;
+    # the requests sent next fill whatever room is left, up to the cut.
+    wait_for(lambda: unread_bytes(sock) > 8_000, "the daemon to answer until this peer's queues are full", 30)
     sent = send_until_cut(sock, payload * 64, 256 << 20)
     assert sent < 64 << 20, f"a peer sent {sent >> 20} MiB of requests without reading and was kept"
     assert was_cut(sock)
