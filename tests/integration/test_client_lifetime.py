@@ -138,7 +138,10 @@ def test_a_failed_daemon_is_logged_once_while_it_lasts_and_its_end_too(daemon_fa
         broken.wait_state("failed")
         wait_for(lambda: len(attaches) >= 4, "four re-attach attempts to the failed daemon", 30.0)
         said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not re-attach")]
-        assert len(said) == 1 and "config.json not found" in said[0], said
+        # Once for the failure, however many attempts met it (a heartbeat may first have met the
+        # daemon still loading: that state is said once too).
+        failed = [text for text in said if "config.json not found" in text and "state is loading" not in text]
+        assert len(failed) == 1 and len(said) == len(set(said)) <= 2, said
         broken.connection.request("stop")
         assert broken.proc.wait(timeout=30) == 0
         good = daemon_factory("--lease-seconds", "1.5")
