@@ -28,6 +28,7 @@ from engram_client.core.errors import HotListError
 from engram_client.core.hot_list import MAX_FILES_NAMED, encode_hot_list, is_hot_list
 
 from ..guards.checkpoint_files import MAX_JSON_BYTES, read_inside
+from ..guards.whole_files import write_then_rename
 from .table_plan import plan_checkpoint
 from .token_map import TOKENIZER_NAME
 
@@ -48,30 +49,6 @@ def check_out(out: str, force: bool) -> str:
         if not is_hot_list(out):
             raise HotListError(f"--out {out} exists and is not a hot-row list; not replaced, even with --force")
     return out
-
-
-def write_atomically(out: str, data: bytes) -> None:
-    """Write ``data`` to a fresh temporary beside ``out``, then rename it over ``out``."""
-    temporary = f"{out}.tmp-{os.getpid()}"
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise HotListError(f"cannot create {temporary}: {exc.strerror}") from exc
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temporary, out)
-    except OSError as exc:
-        os.unlink(temporary)
-        raise HotListError(f"cannot write {out}: {exc.strerror}") from exc
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def text_chunks(path: str, chunk_chars: int = CHUNK_CHARS):
@@ -196,7 +173,7 @@ def build_hot_rows(checkpoint: str, texts: list[str], out: str, rows_per_layer: 
                   "tokens": counter.tokens,
                   "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     data = encode_hot_list(plan.fingerprint, plan.layouts, ranked, built_from)
-    write_atomically(out, data)
+    write_then_rename(f"{out}.tmp-{os.getpid()}", out, data, HotListError, 0o644, durable=True)
     return {"out": out, "fingerprint": plan.fingerprint, "tokens": counter.tokens, "bytes": len(data),
             "layers": layers}
 

@@ -24,6 +24,7 @@ from engram_client.core.errors import HotListError
 from engram_client.core.hot_list import HotList, encode_hot_list, read_hot_list
 
 from ..guards.safe_paths import foreign_reason
+from ..guards.whole_files import write_then_rename
 
 log = logging.getLogger("engramd")
 SUFFIX = ".hot"
@@ -53,24 +54,13 @@ def publish(hot: HotList, source: str, table_path: str, file_mode: int, gid: int
             if why_not is not None:
                 raise HotListError(f"cannot publish the hot-row list as {final}: {why_not}")
             os.unlink(path)
-    try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise HotListError(f"cannot create {partial}: {exc.strerror}") from exc
-    try:
-        try:
-            if gid is not None:
-                os.fchown(fd, -1, gid)
-            os.fchmod(fd, file_mode & 0o440)  # read-only: nobody writes a published list
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.rename(partial, final)
-    except OSError as exc:
-        os.unlink(partial)
-        raise HotListError(f"cannot write {final}: {exc.strerror}") from exc
+
+    def read_only(fd: int) -> None:  # nobody writes a published list
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, file_mode & 0o440)
+
+    write_then_rename(partial, final, data, HotListError, prepare=read_only)
     log.info("hot-row list %s published as %s (%s rows over layers %s)", source, final,
              f"{sum(info.count for info in hot.layer_info):,}", list(hot.layers))
     return {**hot.describe(), "path": final, "source": source, "sha256": hashlib.sha256(data).hexdigest(),
