@@ -12,6 +12,7 @@ from safetensors import safe_open
 from engram_client import EngramClient
 from engramd.synth.writer import write_checkpoint
 from exactness import assert_bf16_exact
+from fake_sysfs import fake_sysfs
 from hugetlbfs_mount import mounted_hugetlbfs
 
 PAGES = 128  # 256 MiB of 2 MiB pages
@@ -53,10 +54,7 @@ def test_numa_replicas_on_hugetlbfs_are_copied_through_mappings(daemon_factory, 
     replicas are bound to real node 0, this machine's only one (ENGRAMD_TEST_BIND_NODE)."""
     if not {0, 1} <= os.sched_getaffinity(0):
         pytest.skip("needs CPUs 0 and 1 to stand for the two fake nodes")
-    for node in (0, 1):
-        (tmp_path / "sys/devices/system/node" / f"node{node}").mkdir(parents=True)
-        (tmp_path / "sys/devices/system/node" / f"node{node}" / "cpulist").write_text(f"{node}\n")
-    monkeypatch.setenv("ENGRAM_SYSFS_ROOT", str(tmp_path / "sys"))
+    monkeypatch.setenv("ENGRAM_SYSFS_ROOT", fake_sysfs(tmp_path / "sys", {0: "0", 1: "1"}, {}))
     monkeypatch.setenv("ENGRAMD_TEST_BIND_NODE", "0")
     ckpt = str(tmp_path / "ckpt")
     write_checkpoint(ckpt, vocab_size=1500, head_dim=256, shards=1, seed=4)

@@ -20,6 +20,7 @@ from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_rows
 from engramd.shm.numa import BoundMapping
 from exactness import assert_bf16_exact
+from fake_sysfs import fake_sysfs
 from tmpfs_mount import mounted_tmpfs
 from waiting import free_port, wait_for
 
@@ -55,11 +56,7 @@ def on_cpus(cpus: set[int]):
 def two_nodes(tmp_path, monkeypatch):
     if not {0, 1} <= os.sched_getaffinity(0):
         pytest.skip("needs CPUs 0 and 1 to stand for the two fake nodes")
-    for node in (0, 1):
-        path = tmp_path / "sys/devices/system/node" / f"node{node}"
-        path.mkdir(parents=True)
-        (path / "cpulist").write_text(f"{node}\n")
-    monkeypatch.setenv("ENGRAM_SYSFS_ROOT", str(tmp_path / "sys"))
+    monkeypatch.setenv("ENGRAM_SYSFS_ROOT", fake_sysfs(tmp_path / "sys", {0: "0", 1: "1"}, {}))
     monkeypatch.setenv("ENGRAMD_TEST_BIND_NODE", "0")
 
 

@@ -13,25 +13,7 @@ from engram_client.core import budget_file
 from engram_client.core.errors import ConfigError, EngramError, ProtocolError
 from engram_client.lookup.host.gather_seat import choose_group, format_cpus, take_seat
 from engramd.daemon.gather_budget import check_spec, client_report, format_cpu_list, parse_cpu_list, plan_groups
-
-
-def fake_sysfs(root, nodes: dict[int, str], gpus: dict[str, int]) -> str:
-    """nodes: node -> cpulist; gpus: PCI address -> NUMA node (NVIDIA, 3D controller)."""
-    for node, cpulist in nodes.items():
-        path = root / "devices/system/node" / f"node{node}"
-        path.mkdir(parents=True)
-        (path / "cpulist").write_text(cpulist + "\n")
-    for address, node in gpus.items():
-        path = root / "bus/pci/devices" / address
-        path.mkdir(parents=True)
-        (path / "vendor").write_text("0x10de\n")
-        (path / "class").write_text("0x030200\n")
-        (path / "numa_node").write_text(f"{node}\n")
-    nic = root / "bus/pci/devices/0000:05:00.0"
-    nic.mkdir(parents=True)
-    (nic / "vendor").write_text("0x15b3\n")
-    (nic / "class").write_text("0x020000\n")
-    return str(root)
+from fake_sysfs import fake_sysfs
 
 
 def test_cpu_lists_parse_and_format_both_ways():

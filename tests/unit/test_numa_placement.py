@@ -18,23 +18,9 @@ from engram_client.core.numa_nodes import cpu_rank_node, node_cpus, pick_replica
 from engram_client.lookup.host.gather_seat import rank_node
 from engramd.daemon.replicas import check_placement, plan_nodes
 from engramd.shm.numa import BoundMapping, present_nodes
+from fake_sysfs import fake_sysfs
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def fake_sysfs(root, nodes: dict[int, str], gpus: dict[str, int]) -> str:
-    """A fake sysfs root: ``nodes`` {node: cpulist}, ``gpus`` {PCI address: node} (NVIDIA 3D controllers)."""
-    for node, cpus in nodes.items():
-        path = root / "devices/system/node" / f"node{node}"
-        path.mkdir(parents=True)
-        (path / "cpulist").write_text(cpus + "\n")
-    for address, node in gpus.items():
-        path = root / "bus/pci/devices" / address
-        path.mkdir(parents=True)
-        (path / "vendor").write_text("0x10de\n")
-        (path / "class").write_text("0x030200\n")
-        (path / "numa_node").write_text(f"{node}\n")
-    return str(root)
 
 
 @pytest.fixture

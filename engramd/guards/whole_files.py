@@ -1,0 +1,36 @@
+"""A file written whole under a fresh name and only then renamed to its own: a reader of the final
+name sees no file or the complete one, never a part (a hot-row list built on disk, the daemon's
+published copy of one).  The fresh name is created exclusively and never followed, so it can
+neither overwrite nor write through a file someone else put there."""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+
+def write_then_rename(temporary: str, final: str, data: bytes, error: type[Exception], mode: int = 0o600,
+                      prepare: Callable[[int], None] | None = None, durable: bool = False) -> None:
+    """Create ``temporary`` (O_EXCL, O_NOFOLLOW, ``mode``), let ``prepare(fd)`` set its owner or mode,
+    write ``data``, fsync it if ``durable``, and rename it to ``final``.  Any failure removes the
+    temporary; an OSError becomes ``error`` naming the file."""
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        raise error(f"cannot create {temporary}: {exc.strerror}") from exc
+    try:
+        try:
+            if prepare is not None:
+                prepare(fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temporary, final)
+    except BaseException as exc:
+        os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise error(f"cannot write {final}: {exc.strerror}") from exc
+        raise
