@@ -39,11 +39,11 @@ def layer_counts(workload, tokens: torch.Tensor, window: int = 16384) -> np.ndar
 
 
 def install(client, layer: int, budget: int, ranked) -> None:
-    from engram_client.lookup.host.hot_cache import HbmRowCache
+    from engram_client.lookup.host.hot_cache import cache_for_layer
 
     rows = client.table(layer)._rows
-    cache = HbmRowCache(budget, rows.head_dim, rows.layout.row_bytes, rows.row_lo, rows.row_hi, client.device, ranked)
-    cache.load_fixed(client._state.pool, rows.host_rows, rows.row_lo, rows.row_hi, client._state.stream)
+    cache = cache_for_layer(budget, rows.layout, rows.host_rows, rows.row_lo, rows.row_hi, client.device,
+                            client._state.pool, client._state.stream, ranked)
     if rows._host.cache is not None:
         rows._host.cache.disarm(client._state.stream)
     rows.hbm_cache = rows._host.cache = cache
