@@ -247,9 +247,22 @@ static PyTypeObject PoolType = {
 
 #include "_module_functions.h"
 
+static PyObject *set_leave_pause(PyObject *self, PyObject *arg) {
+    long long ns = PyLong_AsLongLong(arg);
+    if (ns == -1 && PyErr_Occurred()) return NULL;
+    if (ns < 0 || ns > 10000000) {
+        PyErr_Format(PyExc_ValueError, "a leave pause of %lld ns: want 0..10,000,000 (tests only)", ns);
+        return NULL;
+    }
+    atomic_store(&leave_pause_ns, ns);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"stream_capturing", stream_capturing, METH_O, "stream_capturing(stream) -> whether it is capturing a graph"},
     {"set_error_classes", set_error_classes, METH_VARARGS, "set_error_classes(base, detached)"},
+    {"set_leave_pause", set_leave_pause, METH_O,
+     "set_leave_pause(ns): tests only: workers pause ns after leaving a job (0: never; the default)"},
     {"set_tuning", set_tuning, METH_VARARGS,
      "set_tuning(near, far, hint, streaming): prefetch whole rows `near` ahead, first lines `far` ahead\n"
      "(0: off), locality hint 0-3; write staging with non-temporal stores (x86-64)"},

@@ -109,9 +109,23 @@ static void signal_run_end(Job *job) {
     signal_try_claim(sig);
 }
 
+/* Tests only (set_leave_pause): how long a worker pauses after its last decrement of a job's users,
+ * widening the moment in which a synchronous gather's caller may return and reuse its stack. */
+static _Atomic int64_t leave_pause_ns;
+
 static void job_leave(Job *job) {
-    if (atomic_fetch_sub(&job->users, 1) == 1 && job->signal &&
-        atomic_load(&job->next_block) >= job->nblocks && atomic_load(&job->signal->active))
+    /* Read before letting go: a job of pool.gather lives on its caller's stack, and once `users`
+     * is 0 that caller may return, so nothing of such a job may be read after the decrement.
+     * (Reading `signal` after it raced with the return: a rank gathering while other ranks kept
+     * the cores busy crashed on a stale pointer.)  A signalled job lives in its slot's state. */
+    Signal *sig = job->signal;
+    const int last = atomic_fetch_sub(&job->users, 1) == 1;
+    const int64_t pause = atomic_load_explicit(&leave_pause_ns, memory_order_relaxed);
+    if (pause) {
+        struct timespec ts = {0, (long)pause};
+        nanosleep(&ts, NULL);
+    }
+    if (last && sig && atomic_load(&job->next_block) >= job->nblocks && atomic_load(&sig->active))
         signal_run_end(job);
 }
 
