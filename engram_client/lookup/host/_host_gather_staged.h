@@ -166,6 +166,17 @@ static PyObject *staged_finish(StagedJobObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *staged_fork(StagedJobObject *self, PyObject *args) {
+    unsigned long long caller, stream;
+    if (!PyArg_ParseTuple(args, "KK", &caller, &stream)) return NULL;
+    if (!self->state) {
+        PyErr_SetString(err_class(), "this staging slot is closed");
+        return NULL;
+    }
+    if (enqueue_fork(self->state, (CUstream)(uintptr_t)caller, (CUstream)(uintptr_t)stream)) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *staged_join(StagedJobObject *self, PyObject *arg) {
     unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
     if (PyErr_Occurred() || !self->state) return NULL;
@@ -213,6 +224,8 @@ static PyMethodDef staged_methods[] = {
      "-> host ids out of range (then nothing was enqueued).  Orders the job after `caller`.\n"
      "where: 0 ids on the host (copied now), 1 on the device, 2 host memory read at run time (graphs)."},
     {"disarm", (PyCFunction)staged_disarm, METH_NOARGS, "Later runs zero their rows and never read the table."},
+    {"fork", (PyCFunction)staged_fork, METH_VARARGS,
+     "fork(caller, stream): order stream's next work after caller's work so far (the slot's fork event)."},
     {"finish", (PyCFunction)staged_finish, METH_O, "finish(stream): record the end of the lookup on stream."},
     {"join", (PyCFunction)staged_join, METH_O, "join(stream): make stream wait for the lookup's end."},
     {"query", (PyCFunction)staged_query, METH_NOARGS, "Whether the lookup's end has been reached."},

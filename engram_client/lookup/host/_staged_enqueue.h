@@ -57,6 +57,7 @@ static int enqueue_chunk_copies(StagedState *state, CUstream s, uint64_t device_
 }
 
 static int enqueue_fork(StagedState *state, CUstream caller, CUstream s) {
+    if (caller == s) return 0;  /* the prefetch stream itself (the HBM cache forked before its classify kernel) */
     return cu_failed(cu.event_record(state->fork, caller), "cuEventRecord on the caller's stream") ||
            cu_failed(cu.stream_wait_event(s, state->fork, 0), "cuStreamWaitEvent on the prefetch stream") ? -1 : 0;
 }

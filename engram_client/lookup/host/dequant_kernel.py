@@ -11,10 +11,10 @@ would otherwise spread thousands of short programs over every SM, between the mo
 blocks; a few programs looping over the rows finish well inside a prefetch and leave the
 other SMs alone (docs/BENCHMARKS.md, "The host-gather path").
 
-A lookup's host time matters (it is spent on the engine's thread), so StagedDequant resolves
-the compiled kernel once and launches it through Triton's compiled-kernel runner, skipping
-the JIT's per-call argument binding; it proves that runner against the ordinary launch
-first and keeps the ordinary launch where the runner is not usable with this Triton.
+A lookup's host time matters (it is spent on the engine's thread), so StagedDequant launches
+the kernel through its compiled runner (compiled_launch.py), skipping the JIT's per-call
+argument binding; it proves that runner against the ordinary launch first and keeps the
+ordinary launch where the runner is not usable with this Triton.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ...core.errors import EngramError
 from ..uva.lookup_kernel import OUT_DTYPES, _fetch_rows
+from .compiled_launch import CompiledLaunch
 
 log = logging.getLogger("engram_client")
 BLOCK_ROWS = 16
@@ -63,7 +64,6 @@ class StagedDequant:
         self.programs, self.block_rows = programs, block_rows
         self._constants = dict(ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=block_rows,
                                OUT_DTYPE=OUT_DTYPES[out_dtype])
-        self._constant_values = tuple(self._constants.values())
         self.out_dtype = out_dtype
         self._runner = None
         self.fast = False
@@ -77,49 +77,35 @@ class StagedDequant:
         _dequant_staged_kernel[(self.grid(n),)](staging, out, n, **self._constants)
 
     def _resolve(self) -> None:
-        """Compile now (never under a capture) and try the compiled kernel's runner, proven
-        bit-for-bit against the ordinary launch on rows that cover every byte value."""
-        n = 300 + 7 * self.block_rows  # more blocks than a small capped grid: the loop runs
+        """Compile now (never under a capture) and prove the compiled runner (compiled_launch.py)
+        bit for bit against the ordinary launch, on rows that cover every byte value."""
+        n = 300 + 7 * self.block_rows  # more blocks than a small capped grid: the loop runs; not a multiple of 16
         staging = torch.randint(0, 256, (n * self.row_bytes,), dtype=torch.uint8, device=self.device)
         staging.view(n, self.row_bytes)[:, self.head_dim:] = torch.randint(
             100, 150, (n, self.row_bytes - self.head_dim), dtype=torch.uint8, device=self.device)
         expected = torch.empty((n, self.head_dim), dtype=self.out_dtype, device=self.device)
         self._launch_generic(staging, expected, n)
+        stream = torch.cuda.current_stream(self.device)
         try:
-            compiled = _dequant_staged_kernel.warmup(staging, expected, n, grid=(1,), **self._constants)
-            for with_constants in (True, False):
+            launch = CompiledLaunch(_dequant_staged_kernel, (staging, expected, n), self._constants, self.device)
+            if launch.fast:
                 got = torch.full_like(expected, 7)
-                runner = self._make_runner(compiled, with_constants)
-                runner(staging, got, n, torch.cuda.current_stream(self.device).cuda_stream)
-                torch.cuda.current_stream(self.device).synchronize()
-                if torch.equal(got.view(torch.int16 if got.element_size() == 2 else torch.int32),
-                               expected.view(torch.int16 if got.element_size() == 2 else torch.int32)):
-                    self._runner, self.fast = runner, True
+                launch.unchecked(self.grid(n), stream.cuda_stream, staging.data_ptr(), got.data_ptr(), n)
+                stream.synchronize()
+                bits = torch.int16 if got.element_size() == 2 else torch.int32
+                if torch.equal(got.view(bits), expected.view(bits)):
+                    self._runner, self.fast = launch, True
                     return
+                log.debug("staged dequant keeps Triton's ordinary launch: the compiled runner's rows differ")
         except Exception as exc:  # any Triton without this runner: the ordinary launch serves
-            torch.cuda.current_stream(self.device).synchronize()
+            stream.synchronize()
             log.debug("staged dequant keeps Triton's ordinary launch: %s", exc)
-
-    def _make_runner(self, compiled, with_constants: bool):
-        compiled._init_handles()
-        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
-        constants = self._constant_values if with_constants else ()
-        # Launch hooks (profilers) get their metadata; without any, skip building it per call.
-        hooked = getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "launch_enter_hook", None)
-        launch_metadata = compiled.launch_metadata if hooked is not None else None
-        block_rows, programs = self.block_rows, self.programs or (1 << 31) - 1
-
-        def runner(staging: torch.Tensor, out: torch.Tensor, n: int, stream: int) -> None:
-            grid = max(1, min((n + block_rows - 1) // block_rows, programs))
-            metadata = launch_metadata((grid, 1, 1), stream, staging, out, n) if launch_metadata else None
-            run(grid, 1, 1, stream, function, packed, metadata, None, None, staging, out, n, *constants)
-        return runner
 
     def __call__(self, staging: torch.Tensor, out: torch.Tensor, n: int, stream: torch.cuda.Stream,
                  raw_stream: int) -> None:
         """Dequantize ``n`` staged rows into ``out`` on ``stream`` (``raw_stream``: its CUstream)."""
-        if self._runner is not None:
-            self._runner(staging, out, n, raw_stream)
+        if self._runner is not None:  # both buffers are the host path's own, n below 2**31: nothing to check
+            self._runner.unchecked(self.grid(n), raw_stream, staging.data_ptr(), out.data_ptr(), n)
         else:
             with torch.cuda.stream(stream):
                 self._launch_generic(staging, out, n)

@@ -67,18 +67,25 @@ class _Slot:
             # Created with the stream's device current: the job's CUDA events belong to its context.
             self.job = _host_gather.StagedJob(pool, capacity, row_bytes, graph, not pool.caller_gathers)
             self.staging = torch.empty(capacity * row_bytes, dtype=torch.uint8, device=stream.device)
-            if cached:  # the HBM cache's per-call buffers (hot_cache.py)
-                self.slotmap = torch.empty(capacity, dtype=torch.int32, device=stream.device)
-                self.gather = torch.empty(capacity, dtype=torch.int64, device=stream.device)
-                self.ids_dev = torch.empty(capacity, dtype=torch.int64, device=stream.device)
-                self.ids_pinned = None if graph else torch.empty(capacity, dtype=torch.int64, pin_memory=True)
+        self.slotmap = self.gather = self.ids_dev = self.ids_pinned = None
+        if cached:
+            self.add_cache_buffers(capacity, stream, graph)
         self.keep = None  # a graph's host ids buffer, read at every replay (and its cache's control word)
+
+    def add_cache_buffers(self, capacity: int, stream: torch.cuda.Stream, graph: bool) -> None:
+        """The HBM cache's per-call buffers (hot_cache.py); also for a slot made before its table had a cache."""
+        with torch.cuda.stream(stream):
+            self.slotmap = torch.empty(capacity, dtype=torch.int32, device=stream.device)
+            self.gather = torch.empty(capacity, dtype=torch.int64, device=stream.device)
+            self.ids_dev = torch.empty(capacity, dtype=torch.int64, device=stream.device)
+        self.ids_pinned = None if graph else torch.empty(capacity, dtype=torch.int64, pin_memory=True)
 
 
 class HostPath:
     def __init__(self, pool, head_dim: int, row_bytes: int, device: torch.device, stream, config, cache=None):
         self.pool, self.head_dim, self.row_bytes, self.device = pool, head_dim, row_bytes, device
         self.stream, self.config = stream, config
+        self._cache = self._cache_kernels = None
         self.cache = cache  # an HbmRowCache (hot_cache.py), or None
         self._slots: list[_Slot] = []
         self._graph_slots: list[_Slot] = []
@@ -91,6 +98,20 @@ class HostPath:
             self._raw_stream = stream.cuda_stream
             with torch.cuda.device(device):  # the kernel is loaded into the current device's context
                 self._dequant = StagedDequant(head_dim, row_bytes, config.out_dtype, device)
+
+    @property
+    def cache(self):
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache) -> None:
+        """Take ``cache`` (or None), its kernels compiled now: attach or refresh, never a capture."""
+        kernels = None
+        if cache is not None:
+            from .hot_cache_kernels import CacheKernels
+
+            kernels = CacheKernels(cache, self.config.out_dtype, self.device)
+        self._cache, self._cache_kernels = cache, kernels
 
     # -- CPU ---------------------------------------------------------------------------------
     def gather_rows(self, table, flat: torch.Tensor) -> torch.Tensor:
@@ -135,7 +156,7 @@ class HostPath:
                 slot = self._graph_slot(flat, n, on_host)
             else:
                 slot = self._free_slot(n, table)
-            if self.cache is not None:
+            if self._cache is not None:
                 self._cached_enqueue(table, slot, flat, n, on_host, capturing, caller, out)
                 return self._handle(table, slot, flat, out, shape, on_host)
             bad = slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
@@ -158,10 +179,10 @@ class HostPath:
     def _cached_enqueue(self, table, slot: _Slot, flat: torch.Tensor, n: int, on_host: bool, capturing: bool,
                         caller: int, out: torch.Tensor) -> None:
         """Classify on the GPU, gather only the misses, serve (hot_cache.py has the diagram).  Lock held."""
-        from .hot_cache_kernels import classify, serve
-
-        cache = self.cache
+        cache, kernels, raw = self._cache, self._cache_kernels, self._raw_stream
         cache.check_call(n)
+        if slot.slotmap is None:  # made before the table had a cache (a refresh added one); free, not a graph's
+            slot.add_cache_buffers(slot.job.capacity, self.stream, graph=False)
         if on_host:
             if capturing and not flat.is_pinned():
                 raise NotCapturableError("with the hot-row cache, ids from the host captured in a CUDA graph must be "
@@ -175,18 +196,19 @@ class HostPath:
                 slot.ids_pinned[:n].copy_(flat)  # the slot is free: its last copy from here has run
                 flat = slot.ids_pinned[:n]
         if not capturing:  # (a capture has joined already) the kernels run after the caller's work so far
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            ids = flat
-            if on_host:
+            slot.job.fork(caller, raw)
+        ids = flat
+        if on_host:
+            with torch.cuda.stream(self.stream):
                 slot.ids_dev[:n].copy_(flat, non_blocking=True)
-                ids = slot.ids_dev
-            classify(ids, n, table.row_lo, table.row_hi, cache, slot.slotmap, slot.gather)
-            slot.job.enqueue(caller, self._raw_stream, table.host_rows.data_ptr(), table.row_lo, table.row_hi,
-                             slot.gather.data_ptr(), IDS_ON_DEVICE, True, n, slot.staging.data_ptr(),
-                             table.ledger.address, chunk_count(n, self.row_bytes, self.signalled), True)
-            serve(slot.staging, out, n, slot.slotmap, slot.gather, cache)
-        slot.job.finish(self._raw_stream)
+            ids = slot.ids_dev
+        kernels.classify(ids, n, table.row_lo, table.row_hi, slot.slotmap, slot.gather, self.stream, raw)
+        # Ordered by the fork above (or the capture's join): the enqueue's own fork is skipped.
+        slot.job.enqueue(raw, raw, table.host_rows.data_ptr(), table.row_lo, table.row_hi, slot.gather.data_ptr(),
+                         IDS_ON_DEVICE, True, n, slot.staging.data_ptr(), table.ledger.address,
+                         chunk_count(n, self.row_bytes, self.signalled), True)
+        kernels.serve(slot.staging, out, n, slot.slotmap, slot.gather, self.stream, raw)
+        slot.job.finish(raw)
         if capturing:
             slot.keep = (slot.keep, cache.control)
 

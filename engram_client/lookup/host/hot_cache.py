@@ -57,6 +57,7 @@ class HbmRowCache:
             raise EngramError(f"hot-row cache budget must be a positive number of bytes, got {budget_bytes!r}")
         self.head_dim, self.row_bytes, self.device = head_dim, row_bytes, device
         self.budget_bytes = budget_bytes
+        self.row_lo, self.row_hi = row_lo, row_hi  # the rows its kernels are compiled for (hot_cache_kernels.py)
         fixed_keys = np.empty(0, dtype=np.int64)
         if ranked is not None and len(ranked):
             ranked = np.asarray(ranked, dtype=np.int64)

@@ -23,10 +23,12 @@ or moved to another generation): every id is a miss and nothing of the cache is 
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ..uva.lookup_kernel import OUT_DTYPES, _fetch_rows
+from .compiled_launch import CompiledLaunch
 from .hot_cache import POSITION_BITS, WAYS
 
 CLASSIFY_BLOCK = 256
@@ -157,22 +159,79 @@ def search_steps(n_fixed: int) -> int:
     return max(0, n_fixed).bit_length()
 
 
-def classify(ids, n, row_lo, row_hi, cache, slotmap, gather) -> None:
-    """Enqueue the classify kernel on the current stream (the prefetch stream)."""
-    grid = (triton.cdiv(n, CLASSIFY_BLOCK),)
-    _classify_kernel[grid](ids, n, row_lo, row_hi, cache.fixed_keys, cache.fixed_count,
-                           search_steps(cache.fixed_count), cache.recent_keys, cache.recent_stamps, cache.claims,
-                           cache.sets, cache.control, slotmap, gather, BLOCK=CLASSIFY_BLOCK, WAYS_=WAYS,
-                           POS_BITS=POSITION_BITS)
+SAMPLE_IDS = 413  # the ids of the calls the kernels are compiled for: not 1, not a multiple of 16 (compiled_launch.py)
 
 
-def serve(staging, out, n, slotmap, gather, cache) -> None:
-    """Enqueue the serve and insert kernels on the current stream, after the staged rows' copy."""
-    _serve_kernel[(triton.cdiv(n, SERVE_BLOCK),)](staging, out, n, slotmap, cache.fixed_rows, cache.recent_rows,
-                                                  cache.control, ROW_BYTES=cache.row_bytes, HEAD_DIM=cache.head_dim,
-                                                  BLOCK_R=SERVE_BLOCK, OUT_DTYPE=OUT_DTYPES[out.dtype])
-    _insert_kernel[(triton.cdiv(n, INSERT_BLOCK),)](n, gather, slotmap, cache.recent_keys, cache.recent_stamps,
-                                                    cache.claims, cache.sets, cache.control, BLOCK_R=INSERT_BLOCK,
-                                                    WAYS_=WAYS, POS_BITS=POSITION_BITS)
-    _move_rows_kernel[(triton.cdiv(n * cache.row_bytes, MOVE_BLOCK),)](staging, n, gather, cache.recent_rows,
-                                                                       ROW_BYTES=cache.row_bytes, BLOCK=MOVE_BLOCK)
+class CacheKernels:
+    """The cache's kernels compiled for one cache and output dtype (compiled_launch.py): built when
+    the host path takes the cache (attach, refresh), never under a capture."""
+
+    def __init__(self, cache, out_dtype, device):
+        n, rows = SAMPLE_IDS, cache.row_bytes
+        with torch.cuda.device(device):
+            ids = {dtype: torch.zeros(n, dtype=dtype, device=device) for dtype in (torch.int32, torch.int64)}
+            slotmap = torch.zeros(n, dtype=torch.int32, device=device)
+            gather = torch.zeros(n, dtype=torch.int64, device=device)
+            staging = torch.zeros(n * rows, dtype=torch.uint8, device=device)
+            out = torch.zeros((n, cache.head_dim), dtype=out_dtype, device=device)
+        self.cache, self.out_dtype = cache, out_dtype
+        self._search = search_steps(cache.fixed_count)
+        self._classify = {dtype: CompiledLaunch(_classify_kernel, self._classify_args(sample, n, cache.row_lo,
+                                                                                      cache.row_hi, slotmap, gather),
+                                                dict(BLOCK=CLASSIFY_BLOCK, WAYS_=WAYS, POS_BITS=POSITION_BITS), device)
+                          for dtype, sample in ids.items()}
+        self._serve = CompiledLaunch(_serve_kernel, (staging, out, n, slotmap, cache.fixed_rows, cache.recent_rows,
+                                                     cache.control),
+                                     dict(ROW_BYTES=rows, HEAD_DIM=cache.head_dim, BLOCK_R=SERVE_BLOCK,
+                                          OUT_DTYPE=OUT_DTYPES[out_dtype]), device)
+        self._insert = CompiledLaunch(_insert_kernel, (n, gather, slotmap, cache.recent_keys, cache.recent_stamps,
+                                                       cache.claims, cache.sets, cache.control),
+                                      dict(BLOCK_R=INSERT_BLOCK, WAYS_=WAYS, POS_BITS=POSITION_BITS), device)
+        self._move = CompiledLaunch(_move_rows_kernel, (staging, n, gather, cache.recent_rows),
+                                    dict(ROW_BYTES=rows, BLOCK=MOVE_BLOCK), device)
+        # The serve side's arguments are the host path's own buffers and the cache's: checked once here.
+        self._serve_fast = self._serve.fast and self._insert.fast and self._move.fast
+        # The runners take pointers as integers (compiled_launch.py: a tensor costs a driver query a
+        # call); the cache's buffers live as long as it does (disarmed, every kernel's loads are masked).
+        self._fixed_keys, self._fixed_rows = cache.fixed_keys.data_ptr(), cache.fixed_rows.data_ptr()
+        self._recent = (cache.recent_keys.data_ptr(), cache.recent_stamps.data_ptr(), cache.claims.data_ptr())
+        self._recent_rows, self._control = cache.recent_rows.data_ptr(), cache.control.data_ptr()
+        self._compiled_rows = (cache.row_lo, cache.row_hi)
+
+    def _classify_args(self, ids, n, row_lo, row_hi, slotmap, gather) -> tuple:
+        cache = self.cache
+        return (ids, n, row_lo, row_hi, cache.fixed_keys, cache.fixed_count, self._search, cache.recent_keys,
+                cache.recent_stamps, cache.claims, cache.sets, cache.control, slotmap, gather)
+
+    def classify(self, ids, n, row_lo, row_hi, slotmap, gather, stream, raw_stream) -> None:
+        """Enqueue the classify kernel on ``stream`` (the prefetch stream; ``raw_stream`` its CUstream).
+        Only the ids come from the caller: their dtype and alignment, and the rows, decide the runner."""
+        launch, grid = self._classify.get(ids.dtype), triton.cdiv(n, CLASSIFY_BLOCK)
+        address = ids.data_ptr()
+        if launch is not None and launch.fast and address % 16 == 0 and (row_lo, row_hi) == self._compiled_rows:
+            keys, stamps, claims = self._recent
+            launch.unchecked(grid, raw_stream, address, n, row_lo, row_hi, self._fixed_keys, self.cache.fixed_count,
+                             self._search, keys, stamps, claims, self.cache.sets, self._control, slotmap.data_ptr(),
+                             gather.data_ptr())
+            return
+        launch = launch or self._classify[torch.int64]  # another dtype: its JIT launch
+        launch(grid, stream, raw_stream, *self._classify_args(ids, n, row_lo, row_hi, slotmap, gather))
+
+    def serve(self, staging, out, n, slotmap, gather, stream, raw_stream) -> None:
+        """Enqueue serve, insert and move on ``stream``, after the staged rows' copy."""
+        cache = self.cache
+        grids = (triton.cdiv(n, SERVE_BLOCK), triton.cdiv(n, INSERT_BLOCK), triton.cdiv(n * cache.row_bytes, MOVE_BLOCK))
+        if self._serve_fast and out.dtype is self.out_dtype:
+            staged, slots, moves = staging.data_ptr(), slotmap.data_ptr(), gather.data_ptr()
+            keys, stamps, claims = self._recent
+            self._serve.unchecked(grids[0], raw_stream, staged, out.data_ptr(), n, slots, self._fixed_rows,
+                                  self._recent_rows, self._control)
+            self._insert.unchecked(grids[1], raw_stream, n, moves, slots, keys, stamps, claims, cache.sets,
+                                   self._control)
+            self._move.unchecked(grids[2], raw_stream, staged, n, moves, self._recent_rows)
+            return
+        self._serve(grids[0], stream, raw_stream, staging, out, n, slotmap, cache.fixed_rows, cache.recent_rows,
+                    cache.control)
+        self._insert(grids[1], stream, raw_stream, n, gather, slotmap, cache.recent_keys, cache.recent_stamps,
+                     cache.claims, cache.sets, cache.control)
+        self._move(grids[2], stream, raw_stream, staging, n, gather, cache.recent_rows)
