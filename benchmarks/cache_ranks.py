@@ -1,13 +1,14 @@
-"""Many ranks decoding text on one node, with and without the HBM hot-row cache.
+"""Many ranks looking up text on one node, with and without the HBM hot-row cache.
 
     python -m benchmarks.cache_ranks [--table-gib 32] [--ranks 4] [--seconds 2] [--cache-percent 1]
-                                     [--text-mib 8] [--json FILE]
+                                     [--text-mib 8] [--rows 6144|393216] [--json FILE]
 
 Starts a daemon on a demo table, then N rank processes on the GPU, all on the node's gather
 budget.  The controller tokenizes the Python standard library's sources once (``code_text``: --text-mib
-of them); each rank decodes: 256 sequences spread over the text (each rank starting elsewhere), each advancing a
-token a call, 6,144 row ids a call, drawn before the window and never reused (more than the
-calls the window allows).  For each mode (no cache; the cache's recency part at --cache-percent of
+of them); with --rows 6144 each rank decodes: 256 sequences spread over the text (each rank starting
+elsewhere), each advancing a token a call, 6,144 row ids a call; with --rows 393216 each rank
+prefills the text's 16,384-token windows in order from its own place in it.  Ids are drawn before
+the window and never reused within a rank (a rank that runs out says so: ``ran_out``).  For each mode (no cache; the cache's recency part at --cache-percent of
 a layer's rows) the ranks loop lookups back to back for --seconds, started together.  Reported
 per rank: median and p90 per call, calls, host rows fetched; per mode: node rows/s served (hits
 and fetches: the ids looked up) and node host rows/s, and the ratio of rows served with the cache
@@ -23,11 +24,12 @@ import time
 
 from benchmarks.common import write_json
 
-DECODE = 6144
-CALLS_PER_S = 4000  # ids drawn per rank and second: more than one rank alone completes
+DECODE, PREFILL = 6144, 393216
+CALLS_PER_S = {DECODE: 4000, PREFILL: 100}  # calls drawn per rank and second: more than one rank alone completes
 
 
-def rank_main(endpoint: str, rank: int, ranks: int, cache_bytes: int, tokens_path: str, seconds: float, conn) -> None:
+def rank_main(endpoint: str, rank: int, ranks: int, cache_bytes: int, tokens_path: str, seconds: float, rows: int,
+              conn) -> None:
     import numpy as np
     import torch
 
@@ -42,8 +44,14 @@ def rank_main(endpoint: str, rank: int, ranks: int, cache_bytes: int, tokens_pat
     total = workload.tokens.numel()
     workload._decode_at = (torch.arange(DECODE_SEQUENCES) * total // DECODE_SEQUENCES + rank * total
                            // (DECODE_SEQUENCES * ranks) + 4)
-    count = int(seconds * CALLS_PER_S)
-    calls = torch.stack([workload.decode() for _ in range(count)]).to(torch.int32).cuda()
+    if rows == DECODE:
+        count = int(seconds * CALLS_PER_S[DECODE])
+        calls = torch.stack([workload.decode() for _ in range(count)]).to(torch.int32).cuda()
+    else:
+        window = rows // workload.heads
+        count = min(int(seconds * CALLS_PER_S[PREFILL]), total // window)  # never a window twice
+        workload._prefill_at = rank * total // ranks
+        calls = torch.stack([workload.prefill(window) for _ in range(count)]).to(torch.int32).cuda()
     for index in range(3):
         table.lookup(calls[index])  # warm the staging slots (their ids are not timed again below)
     done = torch.cuda.Event(blocking=True)
@@ -72,12 +80,12 @@ def rank_main(endpoint: str, rank: int, ranks: int, cache_bytes: int, tokens_pat
     conn.send({"times_ms": [t * 1e3 for t in times], "fetched": after[2] - before[2], "ran_out": index >= count})
 
 
-def run(endpoint: str, ranks: int, cache_bytes: int, tokens_path: str, seconds: float) -> dict:
+def run(endpoint: str, ranks: int, cache_bytes: int, tokens_path: str, seconds: float, rows: int) -> dict:
     context = multiprocessing.get_context("spawn")
     procs = []
     for rank in range(ranks):
         parent, child = context.Pipe()
-        proc = context.Process(target=rank_main, args=(endpoint, rank, ranks, cache_bytes, tokens_path, seconds, child),
+        proc = context.Process(target=rank_main, args=(endpoint, rank, ranks, cache_bytes, tokens_path, seconds, rows, child),
                                daemon=True)
         proc.start()
         procs.append((proc, parent))
@@ -91,7 +99,7 @@ def run(endpoint: str, ranks: int, cache_bytes: int, tokens_path: str, seconds: 
     per_rank = [{"calls": len(r["times_ms"]), "median_ms": statistics.median(r["times_ms"]),
                  "p90_ms": sorted(r["times_ms"])[int(0.9 * (len(r["times_ms"]) - 1))], "fetched": r["fetched"],
                  "ran_out": r["ran_out"]} for r in replies]
-    served = sum(r["calls"] for r in per_rank) * DECODE
+    served = sum(r["calls"] for r in per_rank) * rows
     return {"per_rank": per_rank, "tokens": hello[0]["tokens"], "node_Mrows_s": served / seconds / 1e6,
             "node_host_Mrows_s": sum(r["fetched"] for r in per_rank) / seconds / 1e6}
 
@@ -103,6 +111,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--cache-percent", type=float, default=1.0)
     parser.add_argument("--text-mib", type=float, default=8.0)
+    parser.add_argument("--rows", type=int, choices=(DECODE, PREFILL), default=DECODE)
     parser.add_argument("--endpoint", default=None, help="an engramd already serving [default: start one]")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -122,9 +131,10 @@ def main() -> None:
             rows = {layer: probe.table(layer).num_rows for layer in probe.layers}
         # --cache-percent of each layer's rows, with the recency part's key and stamp a row.
         cache_bytes = int(sum(rows.values()) * args.cache_percent / 100 * (264 + 16))
-        results = {"ranks": args.ranks, "seconds": args.seconds, "cache_bytes": cache_bytes, "modes": {}}
+        results = {"ranks": args.ranks, "rows": args.rows, "seconds": args.seconds, "cache_bytes": cache_bytes,
+                   "modes": {}}
         for mode, budget in (("none", 0), ("cache", cache_bytes)):
-            results["modes"][mode] = run(endpoint, args.ranks, budget, tokens_path, args.seconds)
+            results["modes"][mode] = run(endpoint, args.ranks, budget, tokens_path, args.seconds, args.rows)
             print(mode, results["modes"][mode], flush=True)
         results["served_ratio"] = results["modes"]["cache"]["node_Mrows_s"] / results["modes"]["none"]["node_Mrows_s"]
         results["host_rows_ratio"] = (results["modes"]["cache"]["node_host_Mrows_s"]
