@@ -26,6 +26,10 @@
  *   - work-conserving: with nobody else wanting, a slot takes every free token;
  *   - small first: a prefill worker takes a token only if more are free than slots wait with a
  *     decode-size job (at most small_rows rows), and yields at the next block boundary while one waits;
+ *   - but no starvation: in a group of NB_FLOOR_MIN_TOKENS tokens or more, a slot with a prefill-size
+ *     job keeps one token (its floor) while decode-size jobs wait, and one that holds none may take
+ *     a free one and is the first woken by a release (seven decoding ranks on 15 tokens otherwise
+ *     held a prefill at 1.3 M rows/s on the H200 machine: docs/BENCHMARKS.md, "the host stage alone");
  *   - fair: fair = ceil(tokens / active slots); a slot at its fair share takes no token while a slot
  *     below it waits, and one above it yields at a block boundary;
  *   - round robin: among waiting slots, the one served least recently goes first; once per
@@ -64,6 +68,7 @@
 #define NB_FOREIGN_NS 10000000LL       /* a token locked outside the hints is skipped this long */
 #define NB_QUANTUM_NS 1000000LL        /* the group rotates one token this often, at most */
 #define NB_QUANTUM_MIN_BLOCKS 8
+#define NB_FLOOR_MIN_TOKENS 4          /* from this many tokens a group keeps one for each slot's prefill job */
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
 
@@ -203,9 +208,11 @@ static int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
     if (!others) return 1;
     if (uncontended_only) return 0;
     uint64_t smalls = atomic_load(&g->small_mask) & others;
+    int held = atomic_load(&b->held_here);
+    if (!small && smalls && held == 0 && b->tokens >= NB_FLOOR_MIN_TOKENS) return 1;  /* the prefill's floor */
     if (!small && free <= __builtin_popcountll(smalls)) return 0;
     uint64_t rivals = small ? smalls : others;
-    int fair = nb_fair(b), held = atomic_load(&b->held_here), older = 0, below = 0;
+    int fair = nb_fair(b), older = 0, below = 0;
     uint64_t last = atomic_load(&b->s->last_grant);
     for (uint64_t m = rivals; m; m &= m - 1) {
         NbSlot *x = nb_slot(b, __builtin_ctzll(m));
@@ -223,6 +230,11 @@ static int nb_next_waiter(const NodeBudget *b) {
     uint64_t want = atomic_load(&g->want_mask), small = atomic_load(&g->small_mask) & want;
     uint64_t pool = small ? small : want;
     if (b->slots < 64) pool &= (1ULL << b->slots) - 1;
+    if (small && b->tokens >= NB_FLOOR_MIN_TOKENS)  /* a prefill holding nothing: its floor first */
+        for (uint64_t m = want & ~small; m; m &= m - 1) {
+            int i = __builtin_ctzll(m);
+            if (i < b->slots && atomic_load(&nb_slot(b, i)->held) == 0) return i;
+        }
     int best = -1;
     uint64_t best_last = UINT64_MAX;
     for (uint64_t m = pool; m; m &= m - 1) {

@@ -177,7 +177,14 @@ static int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
     if (b->slots < 64) others &= (1ULL << b->slots) - 1;
     if (small) others &= atomic_load(&g->small_mask);  /* a decode-size job gives way to its peers only */
     if (!others) return 0;  /* work-conserving: nobody else waits */
-    if (!small && (atomic_load(&g->small_mask) & others)) return 1;  /* a decode-size job waits */
+    if (!small && (atomic_load(&g->small_mask) & others)) {  /* a decode-size job waits */
+        if (b->tokens < NB_FLOOR_MIN_TOKENS) return 1;
+        if (atomic_load(&b->held_here) - atomic_load(&b->yielding) > 1) {  /* all but the prefill's floor */
+            atomic_fetch_add(&b->yielding, 1);
+            return 2;
+        }
+        return 0;
+    }
     int held = atomic_load(&b->held_here), fair = nb_fair(b);
     if (held - atomic_load(&b->yielding) > fair) {  /* above its share: one holder per token too many */
         atomic_fetch_add(&b->yielding, 1);
