@@ -16,16 +16,14 @@ same ids with the cache and without it (the table's cache detached for the call)
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from benchmarks.common import write_json
+from benchmarks.common import lookup_parser, serving, write_json
 from engram_client import EngramClient
 from engram_client.lookup.host import host_lookup
-from engram_client.tools.bench import start_daemon
 from engram_client.tools.bench_timing import timed
 
 CACHE_SHARE = 0.01  # of the layer's rows, recency ways only
@@ -106,19 +104,11 @@ def kernels(table, calls: list[torch.Tensor], pool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--endpoint")
-    parser.add_argument("--rows", type=int, default=6144)
-    parser.add_argument("--iterations", type=int, default=100)
-    parser.add_argument("--table-gib", type=float, default=8.0)
+    parser = lookup_parser(__doc__, iterations=100)
     parser.add_argument("--hit-share", type=float, default=0.5)
-    parser.add_argument("--json")
     args = parser.parse_args()
-    proc, endpoint = None, args.endpoint
-    if endpoint is None:
-        proc, endpoint, _ = start_daemon(args.table_gib, load_threads=8)
     results = {"rows": args.rows, "hit_share": args.hit_share}
-    try:
+    with serving(args.endpoint, args.table_gib) as endpoint:
         with EngramClient(endpoint=endpoint, device="cpu", timeout=3600) as probe:
             layer = probe.layers[0]
             num_rows = probe.table(layer).num_rows
@@ -146,10 +136,6 @@ def main() -> None:
                     results[name]["pieces"] = pieces(rows_table, calls)
                 print(name, results[name], flush=True)
             rows_table._host.cache = cache
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=120)
     write_json(args.json, results)
 
 

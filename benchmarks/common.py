@@ -1,6 +1,8 @@
 """Helpers shared by the benchmark scripts: sizes, timing summaries, tmpfs mounts."""
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -13,6 +15,34 @@ def write_json(path: str | None, results) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def lookup_parser(doc: str, iterations: int) -> argparse.ArgumentParser:
+    """The options of the single-client lookup benchmarks: --endpoint, --rows, --iterations, --table-gib, --json."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--endpoint", help="an engramd already serving [default: start one on a demo table]")
+    parser.add_argument("--rows", type=int, default=6144)
+    parser.add_argument("--iterations", type=int, default=iterations)
+    parser.add_argument("--table-gib", type=float, default=8.0)
+    parser.add_argument("--json")
+    return parser
+
+
+@contextlib.contextmanager
+def serving(endpoint: str | None, table_gib: float, load_threads: int = 8):
+    """The endpoint to measure: ``endpoint`` itself, or a daemon started on a demo table of
+    ``table_gib`` GiB (built in memory) and stopped afterwards."""
+    if endpoint is not None:
+        yield endpoint
+        return
+    from engram_client.tools.bench import start_daemon
+
+    proc, endpoint, _ = start_daemon(table_gib, load_threads=load_threads)
+    try:
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
 
 
 def summary(samples: list[float]) -> dict:

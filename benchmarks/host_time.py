@@ -20,18 +20,16 @@ Medians.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 
 import torch
 
-from benchmarks.common import write_json
+from benchmarks.common import lookup_parser, serving, write_json
 from engram_client import EngramClient
 from engram_client.lookup.host import _host_gather, host_lookup, host_signal
 from engram_client.lookup.prefetch import PrefetchHandle
-from engram_client.tools.bench import start_daemon
 from engram_client.tools.bench_timing import timed
 
 PREFILL = 393216
@@ -181,27 +179,16 @@ def measure(endpoint: str, signalling: str | None, rows: int, iterations: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--endpoint")
-    parser.add_argument("--rows", type=int, default=6144)
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--table-gib", type=float, default=8.0)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    proc, endpoint = None, args.endpoint
-    if endpoint is None:
-        proc, endpoint, _ = start_daemon(args.table_gib, load_threads=8)
+    args = lookup_parser(__doc__, iterations=200).parse_args()
     results = {"rows": args.rows, "signal_tuning": _host_gather.get_signal_tuning()}
-    try:
-        for name, signalling in (("memops", host_signal.STREAM_MEMOPS), ("host_functions", host_signal.HOST_FUNCTIONS),
-                                 ("uva", None)):
-            results[name] = measure(endpoint, signalling, args.rows, args.iterations)
-            print(name, results[name], flush=True)
-    finally:
-        os.environ.pop(host_signal.ENV, None)
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=120)
+    with serving(args.endpoint, args.table_gib) as endpoint:
+        try:
+            for name, signalling in (("memops", host_signal.STREAM_MEMOPS),
+                                     ("host_functions", host_signal.HOST_FUNCTIONS), ("uva", None)):
+                results[name] = measure(endpoint, signalling, args.rows, args.iterations)
+                print(name, results[name], flush=True)
+        finally:
+            os.environ.pop(host_signal.ENV, None)
     write_json(args.json, results)
 
 
