@@ -34,6 +34,7 @@ from typing import Callable
 from engram_client.core.errors import EngramError
 
 from ..guards.safe_paths import UnsafePathError, foreign_reason, open_owned
+from ..guards.whole_files import write_then_rename
 
 log = logging.getLogger("engramd.served_record")
 MAX_RECORD_BYTES = 16 * 1024
@@ -104,25 +105,7 @@ def write_record(path: str, configured: str | None, served: str | None) -> None:
         os.unlink(temporary)  # our own leftover: the name carries our pid
     except FileNotFoundError:
         pass
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            os.write(fd, blob)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    write_then_rename(temporary, path, blob, OSError, durable=True)
 
 
 def resume_target(path: str, configured: str | None) -> str | None:

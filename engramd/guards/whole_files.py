@@ -11,8 +11,9 @@ from typing import Callable
 def write_then_rename(temporary: str, final: str, data: bytes, error: type[Exception], mode: int = 0o600,
                       prepare: Callable[[int], None] | None = None, durable: bool = False) -> None:
     """Create ``temporary`` (O_EXCL, O_NOFOLLOW, ``mode``), let ``prepare(fd)`` set its owner or mode,
-    write ``data``, fsync it if ``durable``, and rename it to ``final``.  Any failure removes the
-    temporary; an OSError becomes ``error`` naming the file."""
+    write ``data``, and rename it to ``final``; if ``durable``, fsync the file before the rename and
+    its directory after it (the rename itself survives a crash).  Any failure removes the
+    temporary; an OSError becomes ``error`` naming the file (given OSError, it stays one)."""
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
@@ -30,7 +31,26 @@ def write_then_rename(temporary: str, final: str, data: bytes, error: type[Excep
             os.close(fd)
         os.rename(temporary, final)
     except BaseException as exc:
-        os.unlink(temporary)
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:  # renamed already, or never written
+            pass
         if isinstance(exc, OSError):
-            raise error(f"cannot write {final}: {exc.strerror}") from exc
+            raise _failure(error, f"cannot write {final}", exc) from exc
         raise
+    if durable:
+        try:
+            directory = os.open(os.path.dirname(final) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as exc:
+            raise _failure(error, f"cannot sync the directory of {final}", exc) from exc
+
+
+def _failure(error: type[Exception], what: str, exc: OSError) -> Exception:
+    """``error`` for ``exc``; an OSError class keeps the errno and strerror (its caller words the message)."""
+    if issubclass(error, OSError):
+        return error(exc.errno, exc.strerror, exc.filename)
+    return error(f"{what}: {exc.strerror}")
