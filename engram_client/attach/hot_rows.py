@@ -18,7 +18,7 @@ import stat
 import time
 
 from ..core.errors import HotListError
-from ..core.hot_list import HotList, read_hot_list
+from ..core.hot_list import HotList, open_hot_list_file, read_hot_list
 from .socket_trust import check_table_owner
 
 log = logging.getLogger("engram_client")
@@ -35,10 +35,7 @@ def open_hot_list(described: dict | None, table_path: str, layouts, fingerprint:
     path = described["path"]
     if os.path.dirname(path) != os.path.dirname(table_path):
         raise HotListError(f"refusing the hot-row list {path}: it is not beside the table {table_path}")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise HotListError(f"{path}: cannot open the hot-row list: {exc.strerror}") from exc
+    fd = open_hot_list_file(path)
     try:
         info = os.fstat(fd)
         check_table_owner(path, info, daemon_uid, kind="hot-row list", error=HotListError)

@@ -206,15 +206,20 @@ def _check_layer(ids: np.ndarray, counts: np.ndarray, info: HotLayer, where: str
                                f"{int(counts[rising[0] + 1])}): a list is ranked most frequent first")
 
 
+def open_hot_list_file(path: str) -> int:
+    """A descriptor of the list at ``path``, opened without following a link (nor blocking on a FIFO)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HotListError(f"{path}: cannot open the hot-row list: {exc.strerror}") from exc
+
+
 def read_hot_list(path: str, fd: int | None = None) -> HotList:
     """Read and check a hot-row list (from ``fd`` if given, else opened without following a link)."""
     where = os.fspath(path)
     own = fd is None
     if own:
-        try:
-            fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            raise HotListError(f"{where}: cannot open the hot-row list: {exc.strerror}") from exc
+        fd = open_hot_list_file(where)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
