@@ -85,7 +85,6 @@ class HostPath:
     def __init__(self, pool, head_dim: int, row_bytes: int, device: torch.device, stream, config, cache=None):
         self.pool, self.head_dim, self.row_bytes, self.device = pool, head_dim, row_bytes, device
         self.stream, self.config = stream, config
-        self._cache = self._cache_kernels = None
         self.cache = cache  # an HbmRowCache (hot_cache.py), or None
         self._slots: list[_Slot] = []
         self._graph_slots: list[_Slot] = []
