@@ -60,8 +60,9 @@
 #define NB_SLOT_LOCK(s) ((off_t)1 << 30 | (off_t)(s))
 #define NB_TOKEN_LOCK(g, t) (((off_t)2 << 30) + (off_t)(g) * NB_MAX_TOKENS + (t))
 #define NB_WAIT_NS 2000000LL           /* a waiter re-checks at least this often (wake-ups are targeted) */
-#define NB_WAITER_SPIN_NS 100000LL     /* the job's own thread polls this long before it sleeps */
 #define NB_SWEEP_NS 2000000LL          /* ... and looks for dead slots after waiting this long */
+#define NB_WAITER_SPIN_NS 100000LL     /* the job's own thread polls this long (once a chunk) before it sleeps */
+#define NB_WAITER_NAP_NS 500000LL      /* ... and, asleep, looks for a free token to help on this often */
 #define NB_STARVE_NS 1000000000LL      /* holding nothing this long: the tokens are kept from us */
 #define NB_OVERDRAFT_NS 10000000000LL  /* then gather without tokens this long before trying again */
 #define NB_GLOCK_BREAK_NS 50000000LL
