@@ -7,6 +7,7 @@ import json
 import os
 import statistics
 import subprocess
+import threading
 import time
 
 
@@ -72,3 +73,64 @@ def drop_file(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+class RunnableSampler:
+    """The node's runnable threads (/proc/stat procs_running), sampled every 10 ms on a thread of
+    its own while the busy variants run (above the node's CPUs is oversubscription), and every
+    100 ms a census of who they are: threads in state R by role (``roles``: pid -> name; others by
+    their process's name) and thread name.  A census reads every thread's stat: a few ms of CPU."""
+
+    def __init__(self, roles: dict[int, str] | None = None):
+        self.samples: list[int] = []
+        self.roles = roles or {}
+        self.census: dict[str, int] = {}
+        self.censuses = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+
+    def sample(self) -> None:
+        while not self.stop.wait(0.01):
+            with open("/proc/stat") as f:
+                for line in f:
+                    if line.startswith("procs_running"):
+                        self.samples.append(int(line.split()[1]) - 1)  # less this sampler
+                        break
+            if len(self.samples) % 10 == 0:
+                self.take_census()
+
+    def take_census(self) -> None:
+        me = threading.get_native_id()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+                with open(f"/proc/{pid}/comm") as f:
+                    role = self.roles.get(int(pid), f.read().strip())
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        stat = f.read()
+                except OSError:
+                    continue
+                name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+                if state == "R" and int(tid) != me:
+                    key = f"{role}/{name}"
+                    self.census[key] = self.census.get(key, 0) + 1
+        self.censuses += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        runnable = {k: round(v / max(self.censuses, 1), 2) for k, v in sorted(self.census.items(), key=lambda kv: -kv[1])}
+        return {"runnable_median": statistics.median(self.samples), "runnable_mean": statistics.fmean(self.samples),
+                "runnable_max": max(self.samples), "cpus": os.cpu_count(), "runnable_by_thread": runnable}

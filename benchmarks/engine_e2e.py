@@ -1,7 +1,7 @@
 """A model's tokens/s with Engram rows from engramd, against the same table resident in HBM.
 
     python -m benchmarks.engine_e2e [--models 2048x16,4096x32] [--table-gib 32] [--decode-steps 40]
-        [--rounds 3] [--busy-neighbours 3] [--json out.json]
+        [--rounds 3] [--busy-neighbours 3] [--diagnose] [--json out.json]
 
 Starts engramd on a demo table built without disk (or uses --endpoint), attaches one client
 and, for each model size (benchmarks/engine_model.py: random bf16 weights, Engram modules at the
@@ -11,27 +11,33 @@ table's layers), measures with the same weights:
          Engram layer, on the main stream: the baseline engramd is judged against;
   host   engramd's host path: hash at forward entry, prefetch every layer's rows, wait in the layer;
   uva    engramd's UVA lookup kernel on a side stream, prefetched and waited for the same way;
+  host-beside-hbm  (--diagnose) the host path's prefetches, but rows from HBM: what the path's
+         own GPU work costs the step, apart from waiting for its rows;
   host+busy  the host path while --busy-neighbours other processes (ranks of other GPUs, as far
-         as this host is concerned) loop 393,216-id CPU gathers on the same table.
+         as this host is concerned) loop 393,216-id CPU gathers on the same table (and
+         host-beside-hbm+busy with --diagnose); before and while they run, one decode step's
+         lookup on its own, eager, GPU-visible.
 Decode: batch 256 (one token per sequence, with history), the whole step (hashing, prefetch,
 waits, the model, the next-token argmax) captured in one CUDA graph, fresh random tokens written
 into its inputs before every replay.  Prefill: 16,384 tokens (16 sequences of 1,024), eager.
 Variants alternate within each round; medians over rounds.  Reported: ms per step, tokens/s,
-the loss against hbm; for host, the gather pool's CPU use (cores) while it ran.  This is also the worked example docs/integration.md points to.
+the loss against hbm; for host, the gather pool's CPU use (cores) while it ran; with busy
+neighbours, the cores each used (its waiting caller's apart), the node's runnable threads (and
+who they are) and the budget's counters.  This is also the worked example docs/integration.md
+points to.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
 
-from benchmarks.common import write_json
-from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, Model, UvaRows
+from benchmarks.busy_neighbours import budget_view, lookup_probe, start_neighbours, stop_neighbours
+from benchmarks.common import RunnableSampler, write_json
+from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
 from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes
 from engram_client.hashing.hasher import hasher_for_config
@@ -39,24 +45,6 @@ from engram_client.tools.bench import start_daemon
 
 BATCH, PREFILL_SEQS, PREFILL_LEN = 256, 16, 1024
 TOKENS = [VOCAB]  # token ids are drawn below this: the hasher's vocabulary (set in main)
-NEIGHBOUR = """
-import select, sys, torch
-from engram_client import EngramClient
-client = EngramClient(endpoint=sys.argv[1], device="cpu", timeout=600)
-table = client.table(client.layers[0])
-gen = torch.Generator().manual_seed(int(sys.argv[2]))
-ids = [torch.randint(0, table.num_rows, (393216,), generator=gen) for _ in range(4)]
-for warm in ids:
-    table._host.gather_rows(table, warm)
-print("ready", flush=True)
-calls = 0
-while not select.select([sys.stdin], [], [], 0)[0]:
-    table._host.gather_rows(table, ids[calls % 4])  # the CPU half of a host-path lookup
-    calls += 1
-print(calls, flush=True)
-"""
-
-
 def demo_hasher(client, vocab: int):
     """The client's hasher (the demo table's maps 4,096 tokens); for a table without a token map,
     one for the demo geometry and a synthetic 129,280-token map (the hash costs the same whatever
@@ -132,24 +120,6 @@ def prefill_ms(model, source) -> float:
     return start.elapsed_time(end)
 
 
-def start_neighbours(endpoint: str, count: int) -> list[subprocess.Popen]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # their torch ops made the ids before "ready"
-    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, endpoint, str(i)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env) for i in range(count)]
-    for proc in procs:
-        if proc.stdout.readline().strip() != "ready":
-            raise SystemExit("a busy neighbour did not start")
-    return procs
-
-
-def stop_neighbours(procs) -> list[int]:
-    calls = []
-    for proc in procs:
-        out, _ = proc.communicate("", timeout=120)
-        calls.append(int(out.split()[-1]) if out.split() else 0)
-    return calls
-
-
 def check_rows(sources: dict, hasher) -> None:
     """Every source's rows for the same prefill tokens, bit for bit the HBM table's."""
     tokens = torch.randint(0, TOKENS[0], (PREFILL_SEQS * PREFILL_LEN,), device="cuda")
@@ -209,6 +179,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--busy-neighbours", type=int, default=0)
     parser.add_argument("--busy-models", default="2048x16", help="models measured again with busy neighbours")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="also host-beside-hbm: the host path's prefetches, rows from HBM (engine_model.HostBesideHbm)")
     parser.add_argument("--json")
     args = parser.parse_args()
     vocab = demo_vocab_for_table_bytes(int(args.table_gib * 2**30))
@@ -232,15 +204,27 @@ def main() -> None:
                           client.device, BATCH)
             model.hasher = hasher
             sources = {"none": None, "hbm": hbm, "host": ClientRows(client, hasher), "uva": UvaRows(client, hasher)}
+            if args.diagnose:
+                sources["host-beside-hbm"] = HostBesideHbm(client, hasher, hbm)
             results["models"][name] = measure(model, sources, args, name)
             if args.busy_neighbours and name in args.busy_models.split(","):
+                probe_alone = lookup_probe(client)
                 neighbours = start_neighbours(endpoint, args.busy_neighbours)
                 try:
-                    busy = measure(model, {"hbm": hbm, "host+busy": ClientRows(client, hasher)}, args, name + " busy")
+                    busy_sources = {"hbm": hbm, "host+busy": ClientRows(client, hasher)}
+                    if args.diagnose:
+                        busy_sources["host-beside-hbm+busy"] = HostBesideHbm(client, hasher, hbm)
+                    roles = {os.getpid(): "rank"} | {n.pid: f"neighbour{i}" for i, n in enumerate(neighbours)}
+                    with RunnableSampler(roles) as runnable:
+                        busy = measure(model, busy_sources, args, name + " busy")
+                        probe_busy = lookup_probe(client)
+                    budget = budget_view(client.status())
                 finally:
-                    calls = stop_neighbours(neighbours)
-                busy["neighbour_gathers"] = calls
-                busy["neighbours"] = args.busy_neighbours
+                    reports = stop_neighbours(neighbours)
+                busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(),
+                            budget=budget, lookup_alone=probe_alone, lookup_busy=probe_busy)
+                print(f"{name}: one 6,144-id lookup alone {probe_alone}, with busy neighbours {probe_busy}")
+                print(f"{name} busy: neighbours {reports}, node {busy['node']}, budget {budget}", flush=True)
                 results["models"][name]["busy"] = busy
             del model, sources
             torch.cuda.empty_cache()
@@ -254,7 +238,7 @@ def main() -> None:
 
 
 def print_results(results: dict) -> None:
-    print(f"| model | phase | variant | ms / step | tokens/s | vs hbm |")
+    print("| model | phase | variant | ms / step | tokens/s | vs hbm |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for name, model in results["models"].items():
         for part in (model, model.get("busy", {})):

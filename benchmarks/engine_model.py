@@ -124,6 +124,27 @@ class ClientRows:
         return self.handles[layer].wait()
 
 
+class HostBesideHbm:
+    """A diagnosis, not a way to serve: the host path's prefetches issued at entry as in ClientRows,
+    but every layer takes its rows from HBM and the prefetches are waited for only in the last
+    Engram layer (long finished by then).  Against HbmRows this is what the host path's own GPU
+    work (its copies, dequant and stream waits) costs the step; against ClientRows, what waiting
+    for the rows in the first Engram layer costs it."""
+
+    def __init__(self, client, hasher, hbm: "HbmRows"):
+        self.host, self.hbm, self.last = ClientRows(client, hasher), hbm, hasher.layers[-1]
+
+    def begin(self, tokens, starts, history) -> None:
+        self.hbm.ids = ids = self.host.hasher.row_ids(tokens, starts, history)  # hashed once, as in the others
+        self.host.handles = {t.layer: t.prefetch(ids[:, i]) for i, t in enumerate(self.host.tables)}
+
+    def rows(self, layer: int) -> torch.Tensor:
+        if layer == self.last:
+            for handle in self.host.handles.values():
+                handle.wait()
+        return self.hbm.rows(layer)
+
+
 class UvaRows:
     """The UVA lookup kernel (engram_client/lookup/uva/lookup_kernel.py, the client's default grid cap) on a side stream.
     The client's own UVA path refuses graph capture (its out-of-range count is watched with an

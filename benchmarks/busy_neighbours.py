@@ -1,0 +1,80 @@
+"""Busy neighbours for the engine-level benchmark: other rank processes on the host looping
+prefill-size lookups on the same table (ranks of other GPUs, as far as this host is concerned),
+and what the node's budget and a lone lookup look like meanwhile."""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+DECODE_ROWS = 256 * 24  # one decode step's lookup at batch 256: 24 rows a token
+
+NEIGHBOUR = """
+import select, sys, time, torch
+from engram_client import EngramClient
+client = EngramClient(endpoint=sys.argv[1], device="cpu", timeout=600)
+table = client.table(client.layers[0])
+gen = torch.Generator().manual_seed(int(sys.argv[2]))
+ids = [torch.randint(0, table.num_rows, (393216,), generator=gen) for _ in range(4)]
+for warm in ids:
+    table._host.gather_rows(table, warm)
+print("ready", flush=True)
+calls, wall, cpu, caller_cpu = 0, time.monotonic(), time.process_time(), time.thread_time()
+while not select.select([sys.stdin], [], [], 0)[0]:
+    table._host.gather_rows(table, ids[calls % 4])  # the CPU half of a host-path lookup
+    calls += 1
+wall, cpu, caller_cpu = time.monotonic() - wall, time.process_time() - cpu, time.thread_time() - caller_cpu
+print(calls, cpu / wall, caller_cpu / wall, flush=True)  # calls, cores in all, cores of the waiting caller
+"""
+
+
+def start_neighbours(endpoint: str, count: int) -> list[subprocess.Popen]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # their torch ops made the ids before "ready"
+    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, endpoint, str(i)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for i in range(count)]
+    for proc in procs:
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit("a busy neighbour did not start")
+    return procs
+
+
+def stop_neighbours(procs) -> list[dict]:
+    """Each neighbour's calls and the cores it used: in all, and its waiting caller's alone."""
+    reports = []
+    for proc in procs:
+        out, _ = proc.communicate("", timeout=120)
+        words = out.split()
+        reports.append({"calls": int(words[-3]), "cores": float(words[-2]), "caller_cores": float(words[-1])}
+                       if len(words) >= 3 else {"calls": 0, "cores": None, "caller_cores": None})
+    return reports
+
+
+def lookup_probe(client, calls: int = 60, rows: int = DECODE_ROWS, gap_s: float = 0.0066) -> dict:
+    """One decode step's lookup on its own (6,144 fresh ids on the GPU, eager, one call every
+    decode-step's time): GPU-visible ms from an event before prefetch() to one after wait()."""
+    table = client.table(client.layers[0])
+    times = []
+    for _ in range(calls):
+        ids = torch.randint(0, table.num_rows, (rows,), device=client.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        table.prefetch(ids).wait()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        time.sleep(gap_s)
+    times = sorted(times[5:])
+    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))]}
+
+
+def budget_view(status: dict) -> dict:
+    """What the daemon's status says of the node's budget after the busy rounds: each group's
+    tokens and the most threads ever gathering at once, each client's waits and overdrafts."""
+    budget = status.get("gather_budget") or {}
+    return {"groups": [{k: g.get(k) for k in ("tokens", "peak_gathering", "grants")} for g in budget.get("groups", [])],
+            "clients": [{k: (c.get("budget") or {}).get(k) for k in ("wait_s", "yields", "overdraft", "rows")}
+                        for c in status.get("clients", [])]}
