@@ -1,17 +1,11 @@
-"""Busy neighbours for the engine-level benchmark: other rank processes on the host looping
-prefill-size lookups on the same table (ranks of other GPUs, as far as this host is concerned),
-and what the node's budget and a lone lookup look like meanwhile."""
+"""Busy neighbours for the engine-level benchmark and the lookup probe: other rank processes on
+the host looping prefill-size lookups on the same table (ranks of other GPUs, as far as this
+host is concerned), and what the node's budget says meanwhile."""
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
-import time
-
-import torch
-
-DECODE_ROWS = 256 * 24  # one decode step's lookup at batch 256: 24 rows a token
 
 NEIGHBOUR = """
 import select, sys, time, torch
@@ -51,24 +45,6 @@ def stop_neighbours(procs) -> list[dict]:
         reports.append({"calls": int(words[-3]), "cores": float(words[-2]), "caller_cores": float(words[-1])}
                        if len(words) >= 3 else {"calls": 0, "cores": None, "caller_cores": None})
     return reports
-
-
-def lookup_probe(client, calls: int = 60, rows: int = DECODE_ROWS, gap_s: float = 0.0066) -> dict:
-    """One decode step's lookup on its own (6,144 fresh ids on the GPU, eager, one call every
-    decode-step's time): GPU-visible ms from an event before prefetch() to one after wait()."""
-    table = client.table(client.layers[0])
-    times = []
-    for _ in range(calls):
-        ids = torch.randint(0, table.num_rows, (rows,), device=client.device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        table.prefetch(ids).wait()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-        time.sleep(gap_s)
-    times = sorted(times[5:])
-    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))]}
 
 
 def budget_view(status: dict) -> dict:

@@ -131,6 +131,7 @@ class RunnableSampler:
     def summary(self) -> dict:
         if not self.samples:
             return {}
-        runnable = {k: round(v / max(self.censuses, 1), 2) for k, v in sorted(self.census.items(), key=lambda kv: -kv[1])}
+        by_count = sorted(self.census.items(), key=lambda kv: -kv[1])
+        runnable = {k: round(v / max(self.censuses, 1), 2) for k, v in by_count}
         return {"runnable_median": statistics.median(self.samples), "runnable_mean": statistics.fmean(self.samples),
                 "runnable_max": max(self.samples), "cpus": os.cpu_count(), "runnable_by_thread": runnable}

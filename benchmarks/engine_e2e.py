@@ -35,9 +35,10 @@ import time
 
 import torch
 
-from benchmarks.busy_neighbours import budget_view, lookup_probe, start_neighbours, stop_neighbours
+from benchmarks.busy_neighbours import budget_view, start_neighbours, stop_neighbours
 from benchmarks.common import RunnableSampler, write_json
 from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
+from benchmarks.lookup_probe import probe
 from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes
 from engram_client.hashing.hasher import hasher_for_config
@@ -208,7 +209,7 @@ def main() -> None:
                 sources["host-beside-hbm"] = HostBesideHbm(client, hasher, hbm)
             results["models"][name] = measure(model, sources, args, name)
             if args.busy_neighbours and name in args.busy_models.split(","):
-                probe_alone = lookup_probe(client)
+                probe_alone = probe(client, BATCH * 24, 55, 0.0066)  # one decode step's lookup
                 neighbours = start_neighbours(endpoint, args.busy_neighbours)
                 try:
                     busy_sources = {"hbm": hbm, "host+busy": ClientRows(client, hasher)}
@@ -217,13 +218,15 @@ def main() -> None:
                     roles = {os.getpid(): "rank"} | {n.pid: f"neighbour{i}" for i, n in enumerate(neighbours)}
                     with RunnableSampler(roles) as runnable:
                         busy = measure(model, busy_sources, args, name + " busy")
-                        probe_busy = lookup_probe(client)
+                        probe_busy = probe(client, BATCH * 24, 55, 0.0066)
                     budget = budget_view(client.status())
                 finally:
                     reports = stop_neighbours(neighbours)
                 busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(),
                             budget=budget, lookup_alone=probe_alone, lookup_busy=probe_busy)
-                print(f"{name}: one 6,144-id lookup alone {probe_alone}, with busy neighbours {probe_busy}")
+                alone, beside = probe_alone, probe_busy
+                print(f"{name}: one 6,144-id lookup alone {alone['median_ms']:.3f} ms (p90 {alone['p90_ms']:.3f}), "
+                      f"beside busy neighbours {beside['median_ms']:.3f} ms (p90 {beside['p90_ms']:.3f})")
                 print(f"{name} busy: neighbours {reports}, node {busy['node']}, budget {budget}", flush=True)
                 results["models"][name]["busy"] = busy
             del model, sources

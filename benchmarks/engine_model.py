@@ -129,7 +129,7 @@ class HostBesideHbm:
     but every layer takes its rows from HBM and the prefetches are waited for only in the last
     Engram layer (long finished by then).  Against HbmRows this is what the host path's own GPU
     work (its copies, dequant and stream waits) costs the step; against ClientRows, what waiting
-    for the rows in the first Engram layer costs it."""
+    for the rows in the first Engram layer costs it, less what HbmRows' own lookup costs."""
 
     def __init__(self, client, hasher, hbm: "HbmRows"):
         self.host, self.hbm, self.last = ClientRows(client, hasher), hbm, hasher.layers[-1]
