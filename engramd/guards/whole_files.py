@@ -17,7 +17,7 @@ def write_then_rename(temporary: str, final: str, data: bytes, error: type[Excep
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
-        raise error(f"cannot create {temporary}: {exc.strerror}") from exc
+        raise _failure(error, f"cannot create {temporary}", exc) from exc
     try:
         try:
             if prepare is not None:
