@@ -23,6 +23,7 @@ import pytest
 
 from engram_client.core import budget_file
 from engram_client.lookup.host import _host_gather
+from test_host_gather import gather
 
 ROWS, ROW_BYTES, PREFILL = 1 << 16, 264, 65536
 WANT_MASK_AT = budget_file.GROUPS_AT + 3 * 8  # NbGroup: lock, lock_count, breaks, want_mask, small_mask
@@ -41,10 +42,8 @@ def first_grant_with_waiting_peers(tokens: int) -> bool:
                 struct.pack_into("<Q", mapped, at, PEERS)
             table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
             ids = np.random.default_rng(1).integers(0, ROWS, PREFILL).astype(np.int64)
-            out = np.empty((PREFILL, ROW_BYTES), dtype=np.uint8)
-            counter = np.zeros(1, dtype=np.int64)
-            assert pool.gather(table.ctypes.data, 0, ROWS, ROW_BYTES, ids.ctypes.data, True, PREFILL,
-                               out.ctypes.data, counter.ctypes.data) == 0
+            out, bad, _ = gather(pool, table, ids, row_hi=ROWS, row_bytes=ROW_BYTES)
+            assert bad == 0
             np.testing.assert_array_equal(out, table[ids])
             grants = [entry for entry in budget.grant_log() if entry[1] == budget.slot and entry[4] == 0]
             assert grants and not grants[0][3], grants[:3]  # a token, for the prefill (not small)

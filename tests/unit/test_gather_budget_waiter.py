@@ -20,6 +20,7 @@ import numpy as np
 
 from engram_client.core import budget_file
 from engram_client.lookup.host import _host_gather
+from test_host_gather import gather
 
 ROWS, ROW_BYTES, CALL = 1 << 14, 264, 16384
 
@@ -34,12 +35,10 @@ def test_a_waiting_caller_sleeps_while_another_holds_the_tokens():
         try:
             table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
             ids = np.random.default_rng(1).integers(0, ROWS, CALL).astype(np.int64)
-            out = np.empty((CALL, ROW_BYTES), dtype=np.uint8)
-            counter = np.zeros(1, dtype=np.int64)
             wall, cpu = time.monotonic(), time.thread_time()
-            assert pool.gather(table.ctypes.data, 0, ROWS, ROW_BYTES, ids.ctypes.data, True, CALL,
-                               out.ctypes.data, counter.ctypes.data) == 0
+            out, bad, _ = gather(pool, table, ids, row_hi=ROWS, row_bytes=ROW_BYTES)
             cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+            assert bad == 0
             np.testing.assert_array_equal(out, table[ids])
             assert budget.stats()["overdraft"] >= 1, budget.stats()  # the workers waited for the token first
             assert wall >= 0.9, wall  # so the caller waited about a second for them
