@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 
-from benchmarks.common import write_json
+from benchmarks.common import p90, write_json
 
 DECODE, PREFILL = 6144, 393216
 CALLS_PER_S = {DECODE: 4000, PREFILL: 100}  # calls drawn per rank and second: more than one rank alone completes
@@ -97,7 +97,7 @@ def run(endpoint: str, ranks: int, cache_bytes: int, tokens_path: str, seconds: 
     for proc, _ in procs:
         proc.join(timeout=120)
     per_rank = [{"calls": len(r["times_ms"]), "median_ms": statistics.median(r["times_ms"]),
-                 "p90_ms": sorted(r["times_ms"])[int(0.9 * (len(r["times_ms"]) - 1))], "fetched": r["fetched"],
+                 "p90_ms": p90(r["times_ms"]), "fetched": r["fetched"],
                  "ran_out": r["ran_out"]} for r in replies]
     served = sum(r["calls"] for r in per_rank) * rows
     return {"per_rank": per_rank, "tokens": hello[0]["tokens"], "node_Mrows_s": served / seconds / 1e6,

@@ -46,6 +46,11 @@ def serving(endpoint: str | None, table_gib: float, load_threads: int = 8):
         proc.wait(timeout=120)
 
 
+def p90(samples: list[float]) -> float:
+    """The 90th percentile as these benchmarks report it: the sorted sample at 0.9 of the way from first to last."""
+    return sorted(samples)[int(0.9 * (len(samples) - 1))]
+
+
 def summary(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
 

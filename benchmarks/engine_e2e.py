@@ -36,13 +36,12 @@ import time
 import torch
 
 from benchmarks.busy_neighbours import budget_view, start_neighbours, stop_neighbours
-from benchmarks.common import RunnableSampler, write_json
+from benchmarks.common import RunnableSampler, serving, write_json
 from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
 from benchmarks.lookup_probe import probe
 from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes
 from engram_client.hashing.hasher import hasher_for_config
-from engram_client.tools.bench import start_daemon
 
 BATCH, PREFILL_SEQS, PREFILL_LEN = 256, 16, 1024
 TOKENS = [VOCAB]  # token ids are drawn below this: the hasher's vocabulary (set in main)
@@ -171,6 +170,35 @@ def measure(model, sources: dict, args, label: str) -> dict:
     return result
 
 
+def decode_lookup(client) -> dict:
+    """One decode step's lookup on its own, eager, one call every step's time (lookup_probe.probe)."""
+    return probe(client, BATCH * 24, 55, 0.0066)
+
+
+def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> dict:
+    """The host path (and host-beside-hbm with --diagnose) while --busy-neighbours processes loop
+    prefill-size gathers; with who was runnable, the budget's counters and a lone lookup."""
+    probe_alone = decode_lookup(client)
+    neighbours = start_neighbours(endpoint, args.busy_neighbours)
+    try:
+        sources = {"hbm": hbm, "host+busy": ClientRows(client, hasher)}
+        if args.diagnose:
+            sources["host-beside-hbm+busy"] = HostBesideHbm(client, hasher, hbm)
+        roles = {os.getpid(): "rank"} | {n.pid: f"neighbour{i}" for i, n in enumerate(neighbours)}
+        with RunnableSampler(roles) as runnable:
+            busy = measure(model, sources, args, name + " busy")
+            probe_busy = decode_lookup(client)
+        budget = budget_view(client.status())
+    finally:
+        reports = stop_neighbours(neighbours)
+    busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(), budget=budget,
+                lookup_alone=probe_alone, lookup_busy=probe_busy)
+    print(f"{name}: one 6,144-id lookup alone {probe_alone['median_ms']:.3f} ms (p90 {probe_alone['p90_ms']:.3f}), "
+          f"beside busy neighbours {probe_busy['median_ms']:.3f} ms (p90 {probe_busy['p90_ms']:.3f})")
+    print(f"{name} busy: neighbours {reports}, node {busy['node']}, budget {budget}", flush=True)
+    return busy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint")
@@ -185,12 +213,9 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     vocab = demo_vocab_for_table_bytes(int(args.table_gib * 2**30))
-    proc, endpoint = None, args.endpoint
-    if endpoint is None:
-        proc, endpoint, _ = start_daemon(args.table_gib, load_threads=min(16, os.cpu_count() or 1))
     results = {"gpu": torch.cuda.get_device_name(0), "batch": BATCH, "prefill_tokens": PREFILL_SEQS * PREFILL_LEN,
                "decode_steps": args.decode_steps, "rounds": args.rounds, "models": {}}
-    try:
+    with serving(args.endpoint, args.table_gib, load_threads=min(16, os.cpu_count() or 1)) as endpoint:
         started = time.perf_counter()
         client = EngramClient(endpoint=endpoint, device="cuda:0", lookup_path="host", timeout=3600)
         results.update(lookup_path_info=client.lookup_path_info, table_bytes=client.status()["table_bytes"],
@@ -209,33 +234,10 @@ def main() -> None:
                 sources["host-beside-hbm"] = HostBesideHbm(client, hasher, hbm)
             results["models"][name] = measure(model, sources, args, name)
             if args.busy_neighbours and name in args.busy_models.split(","):
-                probe_alone = probe(client, BATCH * 24, 55, 0.0066)  # one decode step's lookup
-                neighbours = start_neighbours(endpoint, args.busy_neighbours)
-                try:
-                    busy_sources = {"hbm": hbm, "host+busy": ClientRows(client, hasher)}
-                    if args.diagnose:
-                        busy_sources["host-beside-hbm+busy"] = HostBesideHbm(client, hasher, hbm)
-                    roles = {os.getpid(): "rank"} | {n.pid: f"neighbour{i}" for i, n in enumerate(neighbours)}
-                    with RunnableSampler(roles) as runnable:
-                        busy = measure(model, busy_sources, args, name + " busy")
-                        probe_busy = probe(client, BATCH * 24, 55, 0.0066)
-                    budget = budget_view(client.status())
-                finally:
-                    reports = stop_neighbours(neighbours)
-                busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(),
-                            budget=budget, lookup_alone=probe_alone, lookup_busy=probe_busy)
-                alone, beside = probe_alone, probe_busy
-                print(f"{name}: one 6,144-id lookup alone {alone['median_ms']:.3f} ms (p90 {alone['p90_ms']:.3f}), "
-                      f"beside busy neighbours {beside['median_ms']:.3f} ms (p90 {beside['p90_ms']:.3f})")
-                print(f"{name} busy: neighbours {reports}, node {busy['node']}, budget {budget}", flush=True)
-                results["models"][name]["busy"] = busy
+                results["models"][name]["busy"] = measure_busy(model, client, hasher, hbm, endpoint, args, name)
             del model, sources
             torch.cuda.empty_cache()
         client.close()
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=120)
     print_results(results)
     write_json(args.json, results)
 

@@ -20,7 +20,7 @@ import time
 import torch
 
 from benchmarks.busy_neighbours import start_neighbours, stop_neighbours
-from benchmarks.common import write_json
+from benchmarks.common import p90, write_json
 from engram_client import EngramClient
 
 WARM = 5
@@ -44,8 +44,7 @@ def probe(client, rows: int, calls: int, gap_s: float) -> dict:
         deltas.append({k: after[k] - before[k] for k in COUNTERS if k in after})
         time.sleep(gap_s)
     times, deltas = times[WARM:], deltas[WARM:]
-    ranked = sorted(times)
-    result = {"median_ms": statistics.median(times), "p90_ms": ranked[int(0.9 * (len(ranked) - 1))],
+    result = {"median_ms": statistics.median(times), "p90_ms": p90(times),
               "slowest": sorted(zip(times, deltas), key=lambda pair: -pair[0])[:3]}
     if budget is not None:
         result.update(wait_ms_per_call=statistics.median(d["wait_s"] * 1e3 for d in deltas),
