@@ -7,9 +7,18 @@ import os
 import subprocess
 import sys
 
-NEIGHBOUR = """
+POLICIES = ("normal", "batch", "idle")  # a neighbour's CPU scheduling policy: SCHED_OTHER, _BATCH, _IDLE
+# Prepended to a neighbour's script; called before its pool starts, whose threads inherit the policy.
+SET_POLICY = """
+import os
+def set_policy(name):
+    if name != "normal":
+        os.sched_setscheduler(0, {"batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}[name], os.sched_param(0))
+"""
+NEIGHBOUR = SET_POLICY + """
 import select, sys, time, torch
 from engram_client import EngramClient
+set_policy(sys.argv[3])
 client = EngramClient(endpoint=sys.argv[1], device="cpu", timeout=600)
 table = client.table(client.layers[0])
 gen = torch.Generator().manual_seed(int(sys.argv[2]))
@@ -26,9 +35,11 @@ print(calls, cpu / wall, caller_cpu / wall, flush=True)  # calls, cores in all, 
 """
 
 
-def start_neighbours(endpoint: str, count: int) -> list[subprocess.Popen]:
+def start_neighbours(endpoint: str, count: int, policy: str = "normal") -> list[subprocess.Popen]:
+    if policy not in POLICIES:
+        raise ValueError(f"neighbour policy {policy!r}: want one of {', '.join(POLICIES)}")
     env = dict(os.environ, OMP_NUM_THREADS="1")  # their torch ops made the ids before "ready"
-    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, endpoint, str(i)], stdin=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, endpoint, str(i), policy], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env) for i in range(count)]
     for proc in procs:
         if proc.stdout.readline().strip() != "ready":

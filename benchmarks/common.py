@@ -80,6 +80,23 @@ def drop_file(path: str) -> None:
         pass
 
 
+def thread_sched_ns(name: str = "engram-gather") -> tuple[int, int]:
+    """Summed over this process's threads called ``name``: ns on a CPU and ns runnable but waiting
+    for one (/proc/self/task/*/schedstat; a thread that ended meanwhile drops out)."""
+    ran = waited = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                on_cpu, queued, _ = f.read().split()
+        except OSError:
+            continue
+        ran, waited = ran + int(on_cpu), waited + int(queued)
+    return ran, waited
+
+
 class RunnableSampler:
     """The node's runnable threads (/proc/stat procs_running), sampled every 10 ms on a thread of
     its own while the busy variants run (above the node's CPUs is oversubscription), and every

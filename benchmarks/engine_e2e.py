@@ -1,7 +1,7 @@
 """A model's tokens/s with Engram rows from engramd, against the same table resident in HBM.
 
     python -m benchmarks.engine_e2e [--models 2048x16,4096x32] [--table-gib 32] [--decode-steps 40]
-        [--rounds 3] [--busy-neighbours 3] [--diagnose] [--json out.json]
+        [--rounds 3] [--busy-neighbours 3] [--neighbour-policy normal] [--diagnose] [--json out.json]
 
 Starts engramd on a demo table built without disk (or uses --endpoint), attaches one client
 and, for each model size (benchmarks/engine_model.py: random bf16 weights, Engram modules at the
@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from benchmarks.busy_neighbours import budget_view, start_neighbours, stop_neighbours
+from benchmarks.busy_neighbours import POLICIES, budget_view, start_neighbours, stop_neighbours
 from benchmarks.common import RunnableSampler, serving, write_json
 from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
 from benchmarks.lookup_probe import probe
@@ -179,7 +179,7 @@ def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> 
     """The host path (and host-beside-hbm with --diagnose) while --busy-neighbours processes loop
     prefill-size gathers; with who was runnable, the budget's counters and a lone lookup."""
     probe_alone = decode_lookup(client)
-    neighbours = start_neighbours(endpoint, args.busy_neighbours)
+    neighbours = start_neighbours(endpoint, args.busy_neighbours, args.neighbour_policy)
     try:
         sources = {"hbm": hbm, "host+busy": ClientRows(client, hasher)}
         if args.diagnose:
@@ -208,6 +208,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--busy-neighbours", type=int, default=0)
     parser.add_argument("--busy-models", default="2048x16", help="models measured again with busy neighbours")
+    parser.add_argument("--neighbour-policy", choices=POLICIES, default="normal",
+                        help="the busy neighbours' CPU scheduling policy (SCHED_OTHER, _BATCH, _IDLE)")
     parser.add_argument("--diagnose", action="store_true",
                         help="also host-beside-hbm: the host path's prefetches, rows from HBM (engine_model.HostBesideHbm)")
     parser.add_argument("--json")

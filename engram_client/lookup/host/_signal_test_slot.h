@@ -89,6 +89,7 @@ static PyObject *test_slot_prepare(SignalTestSlotObject *self, PyObject *args) {
     int64_t bad = staged_prepare(state, table, row_lo, row_hi, ids, where, ids64, n, counter, nchunks, skip_marked);
     if (bad) return PyLong_FromLongLong(bad);
     if (!state->graph) atomic_fetch_add(&state->in_flight, 1);
+    staged_announce(state);  /* as an enqueue does before it touches the stream */
     return PyLong_FromLong(0);
 }
 

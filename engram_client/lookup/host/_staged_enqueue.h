@@ -4,6 +4,12 @@
  * chunk's copy.
  */
 
+/* A job is on its way: the workers awake, and the watcher spinning, when it comes. */
+static void staged_announce(StagedState *state) {
+    if (state->signalled && state->signal.set) atomic_store(&state->signal.set->last_seen_ns, now_ns());
+    pool_prewake(state->job.pool);
+}
+
 /* Copy host ids into the pinned buffer, counting those outside [lo, hi) on the way (one pass). */
 static int64_t copy_and_count(void *dst, const void *src, int ids64, int64_t n, int64_t lo, int64_t hi) {
     int64_t bad = 0;
@@ -126,8 +132,7 @@ static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
         if (enqueue_chunk_copies(state, s, device_staging) || enqueue_fork(state, from, s)) return NULL;
         return PyLong_FromLong(0);
     }
-    if (state->signalled && state->signal.set) atomic_store(&state->signal.set->last_seen_ns, now_ns());
-    pool_prewake(state->job.pool);
+    staged_announce(state);
     if (enqueue_fork(state, from, s)) return NULL;
     if (where == IDS_ON_DEVICE &&
         cu_failed(cu.memcpy_dtoh(state->ids_buf, (CUdeviceptr)ids, (size_t)n * id_bytes, s),
