@@ -97,11 +97,16 @@ def main() -> None:
         ranked = layer_counts(workload, train)
         results["list_seconds"] = time.perf_counter() - started
         results["tokens"] = {"train": train.numel(), "held_out": total - train.numel()}
+        results["text"] = workload.text  # runs compare only on the same text (bench_text.text_identity)
         # Held-out calls: prefill windows and decode sequences start in the last 30%.
         held_from = int(total * SPLIT)
         workload._prefill_at = held_from
         workload._decode_at = held_from + torch.arange(DECODE_SEQUENCES) * ((total - held_from) // DECODE_SEQUENCES) + 4
         need = args.warm + args.steps
+        if need > (total - held_from) // DECODE_SEQUENCES:  # else sequences re-read each other's text
+            raise SystemExit(f"--warm {args.warm} + --steps {args.steps}: the held-out text gives each of the "
+                             f"{DECODE_SEQUENCES} sequences {(total - held_from) // DECODE_SEQUENCES} tokens; give "
+                             "more --text-mib or fewer steps")
         decode = [workload.decode().cuda() for _ in range(need)]
         # The held-out text has only a few 16,384-token windows: one warms, the others are timed.
         prefill = [workload.prefill(16384).cuda() for _ in range(max(2, (total - held_from) // 16384))]
