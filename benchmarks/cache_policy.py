@@ -2,7 +2,7 @@
 policy against a true LRU of the same size.
 
     python -m benchmarks.cache_policy [--table-gib 32] [--cache-percent 1] [--text-mib 6]
-        [--warm 100,1000,3000] [--steps 60] [--json FILE]
+        [--warm 100,500,1900] [--steps 60] [--check-kernels 30] [--json FILE]
 
 No GPU and no daemon: the workload is benchmarks/hot_cache.py's (the demo table's layout for
 --table-gib, the text tokenized with DeepSeek-V4's tokenizer and hashed with the table's hash; the
@@ -16,6 +16,10 @@ part when there is a list).  Replayed call by call:
                by this call;
   true LRU     every distinct miss of a call inserted into one fully associative LRU of the same
                number of slots (the bound a set-associative, one-insert-a-set policy approaches).
+
+--check-kernels N first runs the kernels themselves (classify and insert, hot_cache_kernels.py) in
+Triton's CPU interpreter over the first N calls beside the replay, and stops unless every id's hit
+or miss and every way's key agree (needs Triton 3.9 or later installed).
 
 Reported per warm-up length: the host rows a decode step fetches (misses, duplicates counted as
 the gather counts them) over the ids it asks for, median of --steps steps after the warm-up, with
@@ -96,6 +100,47 @@ class TrueLru:
         return hit
 
 
+def check_kernels(calls: list[np.ndarray], rows: int, slots: int) -> None:
+    """The kernels in Triton's interpreter against Policy, call by call (recency part, no list)."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
+    import torch
+    import triton
+    import triton.runtime.interpreter as interpreter
+
+    from engram_client.lookup.host import hot_cache_kernels as kernels
+    from engram_client.lookup.host.hot_cache import POSITION_BITS
+
+    # Triton 3.9's interpreter refuses some masks it built itself (bool data under another
+    # dtype); the kernels' arithmetic is untouched: the masks are cast to bool on the way in.
+    builder = interpreter.InterpreterBuilder
+    for name, at in (("create_masked_load", 1), ("create_masked_store", 2), ("create_atomic_rmw", 3)):
+        def as_bool(self, *args, _orig=getattr(builder, name), _at=at):
+            args = list(args)
+            args[_at] = interpreter.TensorHandle(np.asarray(args[_at].data).astype(bool), args[_at].dtype)
+            return _orig(self, *args)
+        setattr(builder, name, as_bool)
+    policy = Policy(slots)
+    sets = policy.sets
+    keys = torch.full((sets * WAYS,), -1, dtype=torch.int64)
+    stamps, claims = torch.zeros(sets * WAYS, dtype=torch.int64), torch.zeros(sets, dtype=torch.int64)
+    control, no_fixed = torch.tensor([0, 0, 1, 0], dtype=torch.int64), torch.tensor([-5], dtype=torch.int64)
+    for number, ids in enumerate(calls):
+        n = ids.size
+        slotmap, gather = torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int64)
+        kernels._classify_kernel[(triton.cdiv(n, kernels.CLASSIFY_BLOCK),)](
+            torch.from_numpy(ids.copy()), n, 0, rows, no_fixed, 1, 1, keys, stamps, claims, sets, control, slotmap,
+            gather, BLOCK=kernels.CLASSIFY_BLOCK, WAYS_=WAYS, POS_BITS=POSITION_BITS)
+        kernels._insert_kernel[(triton.cdiv(n, kernels.INSERT_BLOCK),)](
+            n, gather, slotmap, keys, stamps, claims, sets, control, BLOCK_R=kernels.INSERT_BLOCK, WAYS_=WAYS,
+            POS_BITS=POSITION_BITS)
+        differ = int(((slotmap.numpy() != -1) != policy.call(ids)).sum())
+        if differ or not (keys.numpy().reshape(sets, WAYS) == policy.keys).all():
+            raise SystemExit(f"call {number}: the replay and the kernels disagree on {differ} ids (or on the ways' keys)")
+    print(f"the kernels in Triton's interpreter and the replay agree over {len(calls)} calls", flush=True)
+
+
 def replay(calls: list[np.ndarray], fixed: np.ndarray, recency, warm: int, steps: int) -> float:
     """Median over the measured steps of misses / ids."""
     ratios = []
@@ -113,8 +158,9 @@ def main() -> None:
     parser.add_argument("--table-gib", type=float, default=32.0)
     parser.add_argument("--cache-percent", type=float, default=1.0)
     parser.add_argument("--text-mib", type=float, default=6.0)
-    parser.add_argument("--warm", default="100,1000,3000")
+    parser.add_argument("--warm", default="100,500,1900")
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--check-kernels", type=int, default=0, metavar="CALLS")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -139,6 +185,8 @@ def main() -> None:
                          "reaches the next one's; give more --text-mib or fewer steps")
     calls = [workload.decode().numpy().astype(np.int64) for _ in range(max(warms) + args.steps)]
     budget = int(rows_in_layer * args.cache_percent / 100 * (ROW_BYTES + 16))  # hot_cache.py's budget
+    if args.check_kernels:
+        check_kernels(calls[:args.check_kernels], rows_in_layer, budget // (ROW_BYTES + 16))
     fixed = np.sort(ranked[:int(budget * FIXED_SHARE) // (ROW_BYTES + 8)])
     results = {"rows_in_layer": rows_in_layer, "tokens": total, "held_out": total - held_from, "text": workload.text,
                "cases": {}}
