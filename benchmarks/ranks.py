@@ -37,6 +37,7 @@ DECODE, PREFILL = 6144, 393216
 ENGINE = 0  # "rows" of a decode-step probe: a 6,144-row prefetch beside a chain of layer-sized matmuls
 ENGINE_LAYERS, ENGINE_HIDDEN, ENGINE_BATCH = 48, 2048, 256
 MIN_CALL_S = {DECODE: 0.15e-3, PREFILL: 4e-3}  # faster than one rank alone on the H200 machine
+ATTACH_TIMEOUT_S, ARM_TIMEOUT_S, CASE_SLACK_S = 900.0, 300.0, 300.0
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -94,13 +95,18 @@ def rank_main(endpoint: str, device: str, budget: bool, stage: str, conn) -> Non
         order = conn.recv()
         if order is None:
             break
-        rows, start_at, seconds = order
+        rows, seconds = order
         # Fresh ids for every call, drawn before the window (enough for calls this size could take
         # at the one-rank speed; reused from the start beyond that, which no case here reaches).
+        # Drawn before this rank says it is armed: on the CPU, a window's worth of 393,216-row calls
+        # takes a second or more to draw, and drawing them inside the window once cost a lone rank
+        # half its calls (the host stage's one-rank rows/s read below its median).
         count = max(16, int(seconds / (MIN_CALL_S[rows] if rows in MIN_CALL_S else 2e-3)))
         pool = torch.randint(0, table.num_rows, (count, rows or DECODE), dtype=torch.int32,
                              device="cpu" if host_stage and rows != ENGINE else device)
         fence()
+        conn.send("armed")
+        start_at = conn.recv()
         end_at, times = start_at + seconds, []
         while time.monotonic() < start_at:
             time.sleep(0.0005)
@@ -124,6 +130,13 @@ def rank_main(endpoint: str, device: str, budget: bool, stage: str, conn) -> Non
     conn.send({"budget": stats})
 
 
+def receive(conn, timeout: float, what: str):
+    """The next message from a rank, or an error naming what did not come."""
+    if not conn.poll(timeout):
+        raise SystemExit(f"a rank process sent no {what} within {timeout:.0f} s")
+    return conn.recv()
+
+
 def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: float, stage: str = "gpu") -> dict:
     context = multiprocessing.get_context("spawn")
     ranks = []
@@ -132,7 +145,7 @@ def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: 
         proc = context.Process(target=rank_main, args=(endpoint, device, mode == "budget", stage, child), daemon=True)
         proc.start()
         ranks.append((proc, parent))
-    hello = [conn.recv() for _, conn in ranks]
+    hello = [receive(conn, ATTACH_TIMEOUT_S, "its attach report") for _, conn in ranks]
     cases = []
     for n in counts:
         plans = [("6,144", [DECODE] * n), ("393,216", [PREFILL] * n)]
@@ -141,11 +154,16 @@ def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: 
         if n == 4 and device.startswith("cuda") and len(ranks) >= 4:
             plans += [("step alone", [ENGINE]), ("step + 3 prefill", [ENGINE] + [PREFILL] * 3)]
         for name, sizes in plans:
-            start_at = time.monotonic() + 0.5
             active = [conn for (_, conn), rows in zip(ranks, sizes) if rows is not None]
             for conn, rows in zip(active, [rows for rows in sizes if rows is not None]):
-                conn.send((rows, start_at, seconds))
-            replies = [conn.recv() for conn in active]
+                conn.send((rows, seconds))
+            for conn in active:  # every rank has its ids before the window opens
+                if receive(conn, ARM_TIMEOUT_S, "its ids drawn for the case") != "armed":
+                    raise SystemExit(f"a rank did not arm for the {name} case")
+            start_at = time.monotonic() + 0.05
+            for conn in active:
+                conn.send(start_at)
+            replies = [receive(conn, seconds + CASE_SLACK_S, f"its calls of the {name} case") for conn in active]
             per_rank = [{"rows": r["rows"], "calls": len(r["times_ms"]),
                          "median_ms": statistics.median(r["times_ms"]) if r["times_ms"] else float("nan"),
                          "p90_ms": _percentile(r["times_ms"], 90) if r["times_ms"] else float("nan")}
@@ -156,7 +174,7 @@ def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: 
                   "  ".join(f"{r['median_ms']:.2f}/{r['p90_ms']:.2f}" for r in per_rank), flush=True)
     for _, conn in ranks:
         conn.send(None)
-    budgets = [conn.recv()["budget"] for _, conn in ranks]
+    budgets = [receive(conn, CASE_SLACK_S, "its budget counters")["budget"] for _, conn in ranks]
     for proc, _ in ranks:
         proc.join(timeout=60)
     return {"mode": mode, "threads": [h["threads"] for h in hello], "words": hello[0]["words"], "cases": cases,
