@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 
-from benchmarks.common import p90, write_json
+from benchmarks.common import p90, receive, write_json
 
 DECODE, PREFILL = 6144, 393216
 CALLS_PER_S = {DECODE: 4000, PREFILL: 100}  # calls drawn per rank and second: more than one rank alone completes
@@ -89,11 +89,11 @@ def run(endpoint: str, ranks: int, cache_bytes: int, tokens_path: str, seconds: 
                                daemon=True)
         proc.start()
         procs.append((proc, parent))
-    hello = [conn.recv() for _, conn in procs]
+    hello = [receive(conn, 900, "its calls drawn and its slots warm") for _, conn in procs]
     start_at = time.monotonic() + 1.0
     for _, conn in procs:
         conn.send(start_at)
-    replies = [conn.recv() for _, conn in procs]
+    replies = [receive(conn, seconds + 300, "its calls") for _, conn in procs]
     for proc, _ in procs:
         proc.join(timeout=120)
     per_rank = [{"calls": len(r["times_ms"]), "median_ms": statistics.median(r["times_ms"]),

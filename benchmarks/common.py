@@ -11,6 +11,14 @@ import threading
 import time
 
 
+def receive(conn, timeout: float, what: str):
+    """The next message on a multiprocessing pipe from a rank process, or an error naming what did
+    not come within ``timeout`` seconds."""
+    if not conn.poll(timeout):
+        raise SystemExit(f"a rank process sent no {what} within {timeout:.0f} s")
+    return conn.recv()
+
+
 def write_json(path: str | None, results) -> None:
     """The results as indented JSON at ``path`` (--json), when one was given."""
     if path:

@@ -31,7 +31,7 @@ import os
 import statistics
 import time
 
-from benchmarks.common import write_json
+from benchmarks.common import receive, write_json
 
 DECODE, PREFILL = 6144, 393216
 ENGINE = 0  # "rows" of a decode-step probe: a 6,144-row prefetch beside a chain of layer-sized matmuls
@@ -128,13 +128,6 @@ def rank_main(endpoint: str, device: str, budget: bool, stage: str, conn) -> Non
     stats = client._state.seat.report() if client._state.seat is not None else None
     client.close()
     conn.send({"budget": stats})
-
-
-def receive(conn, timeout: float, what: str):
-    """The next message from a rank, or an error naming what did not come."""
-    if not conn.poll(timeout):
-        raise SystemExit(f"a rank process sent no {what} within {timeout:.0f} s")
-    return conn.recv()
 
 
 def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: float, stage: str = "gpu") -> dict:
