@@ -98,7 +98,8 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
     stream = torch.cuda.current_stream(device)
     results = {"table_bytes": status["table_bytes"], "layer": layer, "rows": table.num_rows,
                "gpu": torch.cuda.get_device_name(device), "iterations": iterations,
-               "gather_threads": client.lookup_config.gather_threads, "cases": []}
+               "gather_threads": client.lookup_config.gather_threads, "cases": [],
+               "text": getattr(getattr(sampler, "workload", None), "text", None)}  # which text: compare runs on one
     flat_bytes = rows_view.view(-1)
     # Every method: (how to call it, whether its ids come from host memory).
     methods = {"naive": (lambda ids: naive_lookup(weight_view, scale_view, ids), False),

@@ -22,10 +22,15 @@ def _methods(case: dict) -> list[str]:
     return [key for key in case if key in ("copy", "naive", "naive-words") or key.startswith("ours:")]
 
 
+def _text_words(text: dict | None) -> str:
+    return f" Text ids: Python {text['python']}'s topic docs and this project's docs, {text['chars']:,} characters, " \
+           f"sha256 {text['sha256']}." if text else ""
+
+
 def markdown(results: dict) -> str:
     lines = [f"{results['gpu']}, layer {results['layer']} of a {results['table_bytes'] / 2**30:.1f} GiB table, "
              f"{results['gather_threads']} gather threads; median of {results['iterations']} iterations, fresh ids "
-             "for every method and iteration.", "",
+             "for every method and iteration." + _text_words(results.get("text")), "",
              "| rows | ids | distinct | method | GPU-visible ms | host ms / call | useful GB/s | × naive-words | t / copy |",
              "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for case in results["cases"]:

@@ -34,3 +34,10 @@ def test_every_method_is_a_row_and_targets_are_judged_from_the_run():
     assert "| host time per call at 6,144 ids (eager, ids on the GPU) | 0.025 ms | 0.030 ms | yes |" in text
     assert "(host path) | +1.5% | 2% | yes |" in text
     assert "Zipf" not in text, "a target the run did not measure is left out, not invented"
+
+
+def test_the_text_a_run_used_is_named_and_a_run_without_text_says_nothing_of_it():
+    named = markdown(dict(results(), text={"python": "3.12.3", "chars": 171234, "sha256": "0123456789abcdef"}))
+    assert "Text ids: Python 3.12.3's topic docs and this project's docs, 171,234 characters, sha256 " \
+           "0123456789abcdef." in named
+    assert "Text ids" not in markdown(results())
