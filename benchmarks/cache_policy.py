@@ -35,11 +35,10 @@ import statistics
 import numpy as np
 
 from benchmarks.common import write_json
-from benchmarks.hot_cache import SPLIT, layer_counts
-from engram_client.lookup.host.hot_cache import FIXED_SHARE, WAYS, _floor_pow2
+from benchmarks.hot_cache import SPLIT, layer_budget, layer_counts
+from engram_client.lookup.host.hot_cache import WAYS, part_sizes
 
 MIX = np.int64(0x5851F42D4C957F2D)
-ROW_BYTES = 264
 
 
 def set_of(ids: np.ndarray, sets: int) -> np.ndarray:
@@ -53,8 +52,8 @@ def set_of(ids: np.ndarray, sets: int) -> np.ndarray:
 class Policy:
     """The recency part of hot_cache_kernels.py, on the CPU."""
 
-    def __init__(self, slots: int):
-        self.sets = _floor_pow2(slots // WAYS)
+    def __init__(self, sets: int):
+        self.sets = sets
         self.keys = np.full((self.sets, WAYS), -1, dtype=np.int64)
         self.stamps = np.zeros((self.sets, WAYS), dtype=np.int64)
         self.seq = 0
@@ -100,7 +99,7 @@ class TrueLru:
         return hit
 
 
-def check_kernels(calls: list[np.ndarray], rows: int, slots: int) -> None:
+def check_kernels(calls: list[np.ndarray], rows: int, sets: int) -> None:
     """The kernels in Triton's interpreter against Policy, call by call (recency part, no list)."""
     import os
 
@@ -121,8 +120,7 @@ def check_kernels(calls: list[np.ndarray], rows: int, slots: int) -> None:
             args[_at] = interpreter.TensorHandle(np.asarray(args[_at].data).astype(bool), args[_at].dtype)
             return _orig(self, *args)
         setattr(builder, name, as_bool)
-    policy = Policy(slots)
-    sets = policy.sets
+    policy = Policy(sets)
     keys = torch.full((sets * WAYS,), -1, dtype=torch.int64)
     stamps, claims = torch.zeros(sets * WAYS, dtype=torch.int64), torch.zeros(sets, dtype=torch.int64)
     control, no_fixed = torch.tensor([0, 0, 1, 0], dtype=torch.int64), torch.tensor([-5], dtype=torch.int64)
@@ -184,10 +182,12 @@ def main() -> None:
                          f"{DECODE_SEQUENCES} sequences {(total - held_from) // DECODE_SEQUENCES} tokens before it "
                          "reaches the next one's; give more --text-mib or fewer steps")
     calls = [workload.decode().numpy().astype(np.int64) for _ in range(max(warms) + args.steps)]
-    budget = int(rows_in_layer * args.cache_percent / 100 * (ROW_BYTES + 16))  # hot_cache.py's budget
+    budget = layer_budget(rows_in_layer, args.cache_percent, layer.row_bytes)
+    recency_sets = part_sizes(budget, layer.row_bytes, 0)[1]  # the recency part alone takes the whole budget
     if args.check_kernels:
-        check_kernels(calls[:args.check_kernels], rows_in_layer, budget // (ROW_BYTES + 16))
-    fixed = np.sort(ranked[:int(budget * FIXED_SHARE) // (ROW_BYTES + 8)])
+        check_kernels(calls[:args.check_kernels], rows_in_layer, recency_sets)
+    fixed_count, list_sets = part_sizes(budget, layer.row_bytes, len(ranked))  # as HbmRowCache splits it
+    fixed = np.sort(ranked[:fixed_count])
     results = {"rows_in_layer": rows_in_layer, "tokens": total, "held_out": total - held_from, "text": workload.text,
                "cases": {}}
     print(f"layer {layer.layer}: {rows_in_layer:,} rows; cache {budget / 2**20:.0f} MiB; text {workload.text}, {total:,} tokens, "
@@ -196,11 +196,9 @@ def main() -> None:
     print("| ---: | ---: | ---: | ---: | ---: |")
     for warm in warms:
         row = {}
-        for name, part, slots_bytes in (("recency", np.empty(0, np.int64), budget),
-                                        ("list+recency", fixed, budget - fixed.size * (ROW_BYTES + 8))):
-            slots = slots_bytes // (ROW_BYTES + 16)
-            row[f"{name} policy"] = replay(calls, part, Policy(slots), warm, args.steps)
-            row[f"{name} true LRU"] = replay(calls, part, TrueLru(_floor_pow2(slots // WAYS) * WAYS), warm, args.steps)
+        for name, part, sets in (("recency", np.empty(0, np.int64), recency_sets), ("list+recency", fixed, list_sets)):
+            row[f"{name} policy"] = replay(calls, part, Policy(sets), warm, args.steps)
+            row[f"{name} true LRU"] = replay(calls, part, TrueLru(sets * WAYS), warm, args.steps)
         results["cases"][warm] = row
         print(f"| {warm} | {row['recency policy']:.3f}x | {row['recency true LRU']:.3f}x | "
               f"{row['list+recency policy']:.3f}x | {row['list+recency true LRU']:.3f}x |", flush=True)

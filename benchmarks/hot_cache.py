@@ -38,6 +38,12 @@ def layer_counts(workload, tokens: torch.Tensor, window: int = 16384) -> np.ndar
     return ids[np.argsort(-counts, kind="stable")]
 
 
+def layer_budget(rows_in_layer: int, percent: float, row_bytes: int = 264) -> int:
+    """A layer's cache bytes for ``percent`` of its rows in all (half fixed, half recency with a
+    list), with their keys and stamps."""
+    return int(rows_in_layer * percent / 100 * (row_bytes + 16))
+
+
 def install(client, layer: int, budget: int, ranked) -> None:
     from engram_client.lookup.host.hot_cache import cache_for_layer
 
@@ -110,8 +116,7 @@ def main() -> None:
         decode = [workload.decode().cuda() for _ in range(need)]
         # The held-out text has only a few 16,384-token windows: one warms, the others are timed.
         prefill = [workload.prefill(16384).cuda() for _ in range(max(2, (total - held_from) // 16384))]
-        # --cache-percent of the layer's rows in all (half fixed, half recency), with their keys and stamps.
-        budget = int(rows_in_layer * args.cache_percent / 100 * (264 + 16))
+        budget = layer_budget(rows_in_layer, args.cache_percent)
         results["cache_bytes_per_layer"] = budget
         for mode in ("none", "recency", "list+recency"):
             with EngramClient(endpoint=endpoint, device="cuda:0", timeout=600,

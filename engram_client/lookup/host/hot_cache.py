@@ -50,6 +50,14 @@ def _floor_pow2(x: int) -> int:
     return 1 << (x.bit_length() - 1) if x >= 1 else 0
 
 
+def part_sizes(budget_bytes: int, row_bytes: int, listed: int) -> tuple[int, int]:
+    """(rows of the fixed part, sets of the recency part) of a layer's cache of ``budget_bytes``
+    whose list offers ``listed`` rows: the list takes up to FIXED_SHARE of the budget (row_bytes + 8
+    a row), the recency part the rest (row_bytes + 16 a slot), in a power of two of sets."""
+    fixed = min(listed, int(budget_bytes * FIXED_SHARE) // (row_bytes + 8))
+    return fixed, _floor_pow2((budget_bytes - fixed * (row_bytes + 8)) // (row_bytes + 16) // WAYS)
+
+
 class HbmRowCache:
     def __init__(self, budget_bytes: int, head_dim: int, row_bytes: int, row_lo: int, row_hi: int,
                  device: torch.device, ranked: np.ndarray | None = None):
@@ -58,14 +66,10 @@ class HbmRowCache:
         self.head_dim, self.row_bytes, self.device = head_dim, row_bytes, device
         self.budget_bytes = budget_bytes
         self.row_lo, self.row_hi = row_lo, row_hi  # the rows its kernels are compiled for (hot_cache_kernels.py)
-        fixed_keys = np.empty(0, dtype=np.int64)
-        if ranked is not None and len(ranked):
-            ranked = np.asarray(ranked, dtype=np.int64)
-            ranked = ranked[(ranked >= row_lo) & (ranked < row_hi)]  # a rank's registered range only
-            room = int(budget_bytes * FIXED_SHARE) // (row_bytes + 8)
-            fixed_keys = np.sort(ranked[:room])
-        recent_slots = (budget_bytes - len(fixed_keys) * (row_bytes + 8)) // (row_bytes + 16)
-        self.sets = _floor_pow2(recent_slots // WAYS)
+        ranked = np.empty(0, dtype=np.int64) if ranked is None else np.asarray(ranked, dtype=np.int64)
+        ranked = ranked[(ranked >= row_lo) & (ranked < row_hi)]  # a rank's registered range only
+        fixed_count, self.sets = part_sizes(budget_bytes, row_bytes, len(ranked))
+        fixed_keys = np.sort(ranked[:fixed_count])
         if self.sets < 1:
             raise EngramError(f"a hot-row cache of {budget_bytes} bytes has no room for one recency set of {WAYS} "
                               f"rows of {row_bytes} bytes; give it at least {WAYS * (row_bytes + 16)} bytes a layer")
