@@ -53,18 +53,20 @@ import numpy as np
 from engram_client.core import budget_file
 from engram_client.lookup.host.host_lookup import _host_gather
 fd, path, tokens, policy, seed = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+row_bytes, call_rows = int(sys.argv[6]), int(sys.argv[7])
 set_policy(policy)
 budget = _host_gather.NodeBudget(fd, 0, tokens, budget_file.MAX_SLOTS)
 pool = _host_gather.GatherPool(tokens, caller_gathers=True, budget=budget, cpus=list(range(tokens)))
 with open(path, "rb") as f:
     table = np.frombuffer(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ), dtype=np.uint8)
-rows = table.size // 264
-ids = np.random.default_rng(seed).integers(0, rows, 393216)
-out, counter = np.empty((ids.size, 264), np.uint8), np.zeros(1, np.int64)
+rows = table.size // row_bytes
+ids = np.random.default_rng(seed).integers(0, rows, call_rows)
+out, counter = np.empty((ids.size, row_bytes), np.uint8), np.zeros(1, np.int64)
 print("ready", flush=True)
 calls, began = 0, time.monotonic()
 while not select.select([sys.stdin], [], [], 0)[0]:
-    pool.gather(table.ctypes.data, 0, rows, 264, ids.ctypes.data, True, ids.size, out.ctypes.data, counter.ctypes.data)
+    pool.gather(table.ctypes.data, 0, rows, row_bytes, ids.ctypes.data, True, ids.size, out.ctypes.data,
+                counter.ctypes.data)
     calls += 1
 print(calls * ids.size / (time.monotonic() - began), flush=True)
 """
@@ -74,7 +76,8 @@ HOG = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nw
 @contextlib.contextmanager
 def neighbours(fd: int, path: str, tokens: int, count: int, policy: str):
     """The prefilling neighbours, started and ready; yields a list that gets their rows/s each."""
-    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(fd), path, str(tokens), policy, str(i)],
+    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(fd), path, str(tokens), policy, str(i),
+                               str(ROW_BYTES), str(PREFILL_ROWS)],
                               pass_fds=(fd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for i in range(count)]
     rates: list[float] = []
@@ -87,7 +90,9 @@ def neighbours(fd: int, path: str, tokens: int, count: int, policy: str):
     finally:
         for proc in procs:
             out, _ = proc.communicate("", timeout=120)
-            rates.append(float(out.split()[-1]) if out.split() else 0.0)
+            if proc.returncode != 0 or not out.split():
+                raise SystemExit(f"a prefilling neighbour (pid {proc.pid}) ended with rc {proc.returncode} and no rate")
+            rates.append(float(out.split()[-1]))
 
 
 def decode_calls(pool, table: np.ndarray, calls: int, graph: bool) -> dict:
@@ -122,7 +127,9 @@ def decode_calls(pool, table: np.ndarray, calls: int, graph: bool) -> dict:
                     raise SystemExit(f"chunk {chunk} of a decode call not staged within 10 s")
                 time.sleep(10e-6)
             times.append((time.perf_counter() - armed) * 1e3)
-        while (slot.in_flight or slot.active) and time.perf_counter() < deadline:
+        while slot.in_flight or slot.active:  # the run's end, before the next call reuses the slot
+            if time.perf_counter() > deadline:
+                raise SystemExit("a decode call's run did not end within 10 s of its arming")
             time.sleep(20e-6)
         queued.append((thread_sched_ns()[1] - sched_before[1]) * 1e-6)
         time.sleep(0.0066)
