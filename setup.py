@@ -23,6 +23,7 @@ setup(ext_modules=[
             "engram_client/lookup/host/_node_budget_pool.h",
             "engram_client/lookup/host/_node_budget_open.h",
             "engram_client/lookup/host/_node_budget_py.h",
+            "engram_client/lookup/host/_prefill_crew.h",
             "engram_client/lookup/host/_module_functions.h",
         ],
         extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-Wall", "-Wno-missing-braces"],

@@ -4,7 +4,7 @@ engram_client/lookup/host/_node_budget.h is the code that schedules on it and dr
 module holds what the daemon needs to create one and to read it for status, and the
 client's side of handing it over:
 
-    offset      0   header   magic "ENGBUDG1", version, file bytes, groups, slots, small_rows, tokens[8]
+    offset      0   header   magic "ENGBUDG1", version, file bytes, groups, slots, small_rows, flags, tokens[8]
              4096   slots    64 x 128 B, one per rank process
     16384 + g*40960 group g  lock, counters, masks, owner hints, grant log
     lock bytes      1 GiB + s (slot s alive), 2 GiB + g*1024 + t (token t of group g)
@@ -33,6 +33,8 @@ SLOTS_AT, SLOT_BYTES = 4096, 128
 GROUPS_AT, GROUP_BYTES = 16384, 40960
 FILE_BYTES = GROUPS_AT + MAX_GROUPS * GROUP_BYTES
 SMALL_ROWS = 16384  # a call of at most this many rows is decode-size: it goes first
+FLAG_PREFILL_IDLE = 1  # the header's flags: ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
+PREFILL_GATHERS = {"normal": 0, "idle": FLAG_PREFILL_IDLE}  # engramd --prefill-gathers: the flags each sets
 _HEADER = struct.Struct(f"<QIIIIII{MAX_GROUPS}I")
 _GROUP_COUNTERS = struct.Struct("<QQQQQQQQQii")  # lock .. sweeps, gathering, peak (NbGroup's first fields)
 _SLOT = struct.Struct("<IIiiiiiiQQQQQQQQ")  # seq, sleepers, want, want_small, held, group, pid, -, last_grant, ...
@@ -42,14 +44,14 @@ _FLOCK = struct.Struct("hhqqi4x")
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-def create(tokens: list[int], slots: int = MAX_SLOTS, small_rows: int = SMALL_ROWS) -> int:
-    """A new sealed budget (one group per entry of ``tokens``); returns its descriptor."""
+def create(tokens: list[int], slots: int = MAX_SLOTS, small_rows: int = SMALL_ROWS, flags: int = 0) -> int:
+    """A new sealed budget (one group per entry of ``tokens``, header ``flags``); returns its descriptor."""
     if not 1 <= len(tokens) <= MAX_GROUPS or not all(1 <= t <= MAX_TOKENS for t in tokens):
         raise ConfigError(f"a gather budget has 1..{MAX_GROUPS} groups of 1..{MAX_TOKENS} tokens, got {tokens}")
     fd = os.memfd_create("engramd-gather-budget", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, FILE_BYTES)
-        header = _HEADER.pack(MAGIC, VERSION, FILE_BYTES, len(tokens), slots, small_rows, 0,
+        header = _HEADER.pack(MAGIC, VERSION, FILE_BYTES, len(tokens), slots, small_rows, flags,
                               *tokens, *[0] * (MAX_GROUPS - len(tokens)))
         os.pwrite(fd, header, 0)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
@@ -85,7 +87,7 @@ class BudgetView:
         fields = _HEADER.unpack_from(self._map, 0)
         if fields[0] != MAGIC or fields[1] != VERSION:
             raise ConfigError("not a gather budget of this version")
-        self.groups, self.slots = fields[3], fields[4]
+        self.groups, self.slots, self.flags = fields[3], fields[4], fields[6]
         self.tokens = list(fields[7:7 + self.groups])
 
     def group(self, g: int) -> dict:

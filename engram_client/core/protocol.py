@@ -32,8 +32,9 @@ from .errors import ProtocolError
 # 1.1 added reload and generation fields; 1.2 the status hashing field, lease secrets,
 # clients_total and the per-peer bounds; 1.3 the node's gather budget (attach, heartbeat, status);
 # 1.4 the hot-row list (attach, status), the HBM row cache's counters (heartbeat, status) and NUMA
-# replicas (attach's numa_node and replicas, status.replicas, clients[].numa_node and replica)
-PROTOCOL_VERSION = (1, 4)
+# replicas (attach's numa_node and replicas, status.replicas, clients[].numa_node and replica);
+# 1.5 the gather budget's prefill rule (its header's flags, status, heartbeat's prefill_threads)
+PROTOCOL_VERSION = (1, 5)
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
+from engram_client.core.budget_file import PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 
 from ..daemon.config import ServeConfig
@@ -110,6 +111,10 @@ SETTINGS = [
     Setting("gather_cpus", str, None, "The node's gather budget, shared by every rank: CPUs (0-13,16-29), a share "
             "of them (75%), or off (each rank sizes its own pool) [default: every CPU less one per GPU].",
             metavar="LIST|N%|off", field="gather_cpus"),
+    Setting("prefill_gathers", click.Choice(sorted(PREFILL_GATHERS)), DEFAULTS["prefill_gathers"],
+            "Priority of the ranks' prefill-size gathers (over 16,384 rows): idle runs them at SCHED_IDLE, so "
+            "decode-size lookups beside them get CPUs at once, but they gather only where no other thread of "
+            "normal priority wants the CPU (docs/BENCHMARKS.md).", field="prefill_gathers"),
     Setting("hot_rows", click.Path(dir_okay=False), None, "A hot-row list (engramd hot-rows build) for the ranks' HBM "
             "row cache; it must fit the table, else the first load fails (a reload serves without it).",
             metavar="FILE", field="hot_rows"),

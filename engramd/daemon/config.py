@@ -5,6 +5,7 @@ import grp
 import os
 from dataclasses import dataclass, field
 
+from engram_client.core.budget_file import PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.core.endpoints import default_endpoint, pub_endpoint_for
 from engram_client.core.errors import ConfigError
@@ -32,6 +33,7 @@ class ServeConfig:
     numa_node: int | None = None
     numa_replicas: str | None = None  # "all" or a node list: one table copy per node (daemon/replicas.py)
     gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
+    prefill_gathers: str = "normal"  # "idle": ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
     replica_nodes: list[int] = field(default_factory=list, init=False)  # from ``numa_replicas``; [] without
@@ -60,6 +62,11 @@ class ServeConfig:
         if self.gather_cpus is not None:
             from .gather_budget import check_spec
             check_spec(self.gather_cpus)
+        if self.prefill_gathers not in PREFILL_GATHERS:
+            raise ConfigError(f"--prefill-gathers must be one of {', '.join(PREFILL_GATHERS)}, got {self.prefill_gathers!r}")
+        if self.prefill_gathers != "normal" and self.gather_cpus == "off":
+            raise ConfigError(f"--prefill-gathers {self.prefill_gathers} is a rule of the node's gather budget, and "
+                              "--gather-cpus off has none")
         if self.remote_status and not self.curve_keys_dir:
             raise ConfigError(f"--remote-status {self.remote_status}: TCP is served only with CURVE authentication; "
                               "give --curve-keys-dir (create one with `engramd keys DIR`)")

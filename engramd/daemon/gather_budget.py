@@ -1,6 +1,7 @@
 """The node's gather budget, daemon side: which CPUs it has, its groups, and handing it over.
 
     --gather-cpus LIST | N% | off      (default: every CPU the daemon may use, less one per GPU)
+    --prefill-gathers normal | idle    (idle: ranks gather prefill-size calls at SCHED_IDLE)
 
 The budget's CPUs are split into groups, one per NUMA node; a group's tokens are its CPUs.
 The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
@@ -32,7 +33,7 @@ ACCEPT_POLL_S = 0.2
 SEND_TIMEOUT_S = 1.0
 # What a client may report in its heartbeat (engram_client/lookup/host/gather_seat.py): name -> type.
 REPORT_FIELDS = {"slot": int, "group": int, "tokens": int, "threads": int, "cpus": str, "held": int, "rows": int,
-                 "wait_s": float, "acquired": int, "yields": int, "overdraft": int}
+                 "wait_s": float, "acquired": int, "yields": int, "overdraft": int, "prefill_threads": int}
 REPORT_CPUS_CHARS = 256
 
 
@@ -156,9 +157,11 @@ def client_report(value) -> dict | None:
 class GatherBudget:
     """The budget memory and its socket; created by the server once the request socket is bound."""
 
-    def __init__(self, groups: list[BudgetGroup], socket_path: str, gid: int | None, budget_id: str):
+    def __init__(self, groups: list[BudgetGroup], socket_path: str, gid: int | None, budget_id: str,
+                 prefill_gathers: str = "normal"):
         self.groups, self.socket_path, self.id = groups, socket_path, budget_id
-        self.fd = budget_file.create([len(g.cpus) for g in groups])
+        self.prefill_gathers = prefill_gathers
+        self.fd = budget_file.create([len(g.cpus) for g in groups], flags=budget_file.PREFILL_GATHERS[prefill_gathers])
         self.view = budget_file.BudgetView(self.fd)
         self._closed = threading.Event()
         self.listener = None
@@ -213,8 +216,9 @@ class GatherBudget:
                     log.debug("could not hand the gather budget over: %s", exc)
 
     def summary(self) -> str:
-        return "; ".join(f"NUMA node {g.node}: {len(g.cpus)} tokens on CPUs {format_cpu_list(list(g.cpus))}"
-                         for g in self.groups)
+        groups = "; ".join(f"NUMA node {g.node}: {len(g.cpus)} tokens on CPUs {format_cpu_list(list(g.cpus))}"
+                           for g in self.groups)
+        return groups + ("; prefill-size calls gathered at SCHED_IDLE" if self.prefill_gathers == "idle" else "")
 
     def describe(self) -> dict:
         """What an attach reply says about the budget (docs/protocol.md, 1.3)."""
@@ -232,7 +236,7 @@ class GatherBudget:
                            "locked": seen["locked"], "peak_gathering": seen["peak"], "grants": seen["grants"],
                            "dead_slots_swept": seen["sweeps"]})
         return {"id": self.id, "socket": self.socket_path, "groups": groups,
-                "tokens": sum(len(g.cpus) for g in self.groups)}
+                "tokens": sum(len(g.cpus) for g in self.groups), "prefill_gathers": self.prefill_gathers}
 
     def close(self) -> None:
         self._closed.set()
@@ -260,4 +264,4 @@ def serve_budget(config, boot_id: str) -> "GatherBudget | None":
         log.info("no gather budget (%s): each rank sizes its own pool",
                  "--gather-cpus off" if not groups else "not an ipc endpoint")
         return None
-    return GatherBudget(groups, path + ".budget", config.gid, boot_id)
+    return GatherBudget(groups, path + ".budget", config.gid, boot_id, config.prefill_gathers)

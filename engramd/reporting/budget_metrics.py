@@ -21,13 +21,15 @@ def budget_families(status: dict):
                 for key, text in (("threads", "Gather threads of a client's pool (on the budget)"),
                                   ("rows", "Rows a client has gathered on the budget (its heartbeats' count)"),
                                   ("wait_seconds", "Thread-seconds a client's gather threads waited for tokens"),
-                                  ("overdrafts", "Times a client gathered without a token, the tokens kept from it"))}
+                                  ("overdrafts", "Times a client gathered without a token, the tokens kept from it"),
+                                  ("prefill_threads", "Threads of a client's pool gathering prefill-size calls at "
+                                                      "SCHED_IDLE (--prefill-gathers idle; 0: none)"))}
     for client in status.get("clients", []):
         budget = client.get("budget")
         if not budget:
             continue
         labels = [client["id"], "" if client.get("rank") is None else str(client["rank"]), budget.get("cpus", "")]
         for key, field in (("threads", "threads"), ("rows", "rows"), ("wait_seconds", "wait_s"),
-                           ("overdrafts", "overdraft")):
+                           ("overdrafts", "overdraft"), ("prefill_threads", "prefill_threads")):
             families[key].add_metric(labels, budget.get(field, 0))
     yield from families.values()

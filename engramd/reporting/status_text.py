@@ -95,7 +95,8 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
     return (f"gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
             f"{budget.get('cpus')} (group {budget.get('group')}, {budget.get('tokens')} tokens), holds "
             f"{budget.get('held', 0)}; {budget.get('rows', 0):,} rows gathered, {budget.get('wait_s', 0.0):.3f} s "
-            f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts")
+            f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts"
+            + (f"; {budget['prefill_threads']} prefill threads at SCHED_IDLE" if budget.get("prefill_threads") else ""))
 
 
 def _pages_line(pages: dict[str, Any] | None) -> str:
@@ -123,7 +124,9 @@ def _replica_lines(replicas: list[dict[str, Any]]) -> list[str]:
 def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
     if not budget:
         return ["gather      no node budget (--gather-cpus off, or a daemon before 1.3): each rank sizes its pool"]
-    lines = [f"gather      node budget of {budget['tokens']} tokens, handed out on {budget['socket']}"]
+    prefill = {"idle": "; prefill-size calls gathered at SCHED_IDLE (--prefill-gathers idle)",
+               "normal": "; prefill-size calls gathered at normal priority"}.get(budget.get("prefill_gathers"), "")
+    lines = [f"gather      node budget of {budget['tokens']} tokens, handed out on {budget['socket']}{prefill}"]
     for group in budget["groups"]:
         lines.append(f"  group {group['group']} (NUMA node {group['node']}): {group['tokens']} tokens on CPUs "
                      f"{group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering at "

@@ -1,5 +1,7 @@
 """The node's gather budget on the host path, on CUDA: ranks on one GPU share the daemon's default
-budget, every lookup exact, never more gathering threads than tokens, decode calls first."""
+budget, every lookup exact, never more gathering threads than tokens, decode calls first; the same
+with --prefill-gathers idle, where each rank's prefill-size lookups (started by its CUDA stream) run
+on its crew at SCHED_IDLE."""
 from __future__ import annotations
 
 import os
@@ -13,14 +15,16 @@ from engram_client.core import budget_file
 pytestmark = pytest.mark.gpu
 
 
-def test_gpu_ranks_share_the_default_budget_exactly(daemon_factory):
-    daemon = daemon_factory("--lease-seconds", "1.5")
+@pytest.mark.parametrize("prefill_gathers", ["normal", "idle"])
+def test_gpu_ranks_share_the_default_budget_exactly(daemon_factory, prefill_gathers):
+    daemon = daemon_factory("--lease-seconds", "1.5", "--prefill-gathers", prefill_gathers)
     spec = daemon.wait_state("ready")["gather_budget"]
     tokens = spec["groups"][0]["tokens"]
     assert tokens == len(os.sched_getaffinity(0)) - 1  # one GPU here: one core left to the engine
     group = Ranks(daemon.endpoint, [(393216, 6, 0), (6144, 60, 0), (6144, 60, 0), (49152, 12, 0)], device="cuda:0")
     try:
         assert all(r["threads"] == min(tokens, 64) for r in group.ready), group.ready
+        assert all(("at SCHED_IDLE" in r["words"]) == (prefill_gathers == "idle") for r in group.ready), group.ready
         group.go()
         results = group.results()
     finally:

@@ -206,3 +206,44 @@ def test_ranks_gather_through_a_daemon_kill_and_move_to_the_next_daemons_budget(
     wait_for(lambda: (second.status()["clients"] or [{}])[0].get("budget"), "its counters in the new status", 30)
     group.stop()
     group.results()
+
+
+def crew_policies(pid: int) -> list[int]:
+    """The scheduling policy of each prefill-crew thread (named engram-prefill) of process ``pid``."""
+    policies = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/comm") as f:
+            if f.read().strip() == "engram-prefill":
+                policies.append(os.sched_getscheduler(int(task)))
+    return policies
+
+
+def test_prefill_gathers_idle_gives_every_rank_a_crew_at_sched_idle_and_status_says_so(daemon_factory, ranks):
+    daemon = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0-1", "--prefill-gathers", "idle")
+    daemon.wait_state("ready")
+    assert daemon.status()["gather_budget"]["prefill_gathers"] == "idle"
+    group = ranks(daemon.endpoint, [(65536, 4, 0), (6144, 30, 0)])
+    for ready in group.ready:
+        assert "gathered by 2 threads at SCHED_IDLE" in ready["words"], ready["words"]
+        assert crew_policies(ready["pid"]) == [os.SCHED_IDLE] * 2
+    group.go()
+
+    def reported():
+        clients = daemon.status()["clients"]
+        return len(clients) == 2 and all((c.get("budget") or {}).get("prefill_threads") == 2 for c in clients)
+    wait_for(reported, "both clients' prefill threads in status", 30)
+    text = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
+                          capture_output=True, text=True, timeout=30).stdout
+    assert "prefill-size calls gathered at SCHED_IDLE" in text and "2 prefill threads at SCHED_IDLE" in text, text
+    group.results()  # every row of both ranks exact
+
+
+def test_prefill_gathers_is_checked_before_anything_starts(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "engramd", "serve", "--gather-cpus", "off",
+                          "--prefill-gathers", "idle", "--socket", f"ipc://{tmp_path}/s.sock",
+                          "--shm-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "--prefill-gathers idle is a rule of the node's gather budget" in run.stderr, run
+    run = subprocess.run([sys.executable, "-m", "engramd", "serve", "--prefill-gathers", "low",
+                          "--socket", f"ipc://{tmp_path}/s.sock", "--shm-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "'low' is not one of" in run.stderr, run

@@ -111,13 +111,13 @@ def test_close_is_idempotent_and_garbage_collection_joins_the_threads(table):
     assert not mine & gather_threads()
 
 
-def gather_threads() -> set[int]:
-    """The pools' worker threads alive in this process (OS threads named engram-gather), by id."""
+def gather_threads(name: str = "engram-gather") -> set[int]:
+    """The pools' worker threads alive in this process (OS threads named ``name``), by id."""
     tids = set()
     for task in os.listdir(f"/proc/{os.getpid()}/task"):
         try:
             with open(f"/proc/{os.getpid()}/task/{task}/comm") as f:
-                if f.read().strip() == "engram-gather":
+                if f.read().strip() == name:
                     tids.add(int(task))
         except FileNotFoundError:  # a thread that ended while we looked
             pass

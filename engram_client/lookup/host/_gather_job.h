@@ -21,6 +21,7 @@ typedef struct Job {
     atomic_int users;              /* workers currently taking blocks of this job */
     Signal *signal;                /* started by a stream and reporting to it (_stream_signal.h), or NULL */
     int listed;
+    int for_crew;                  /* listed for the prefill crew (_prefill_crew.h), not the workers */
     struct Job *next;
     Pool *pool;
 } Job;

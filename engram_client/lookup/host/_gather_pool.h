@@ -6,22 +6,32 @@
  * being gathered.  A pool lists the jobs that still have blocks; idle workers spin briefly on that
  * list, then sleep on a condition variable.  A job with a Signal is started by a CUDA stream and
  * reports its chunks to it through a word in pinned memory (_stream_signal.h): workers also poll
- * those words, and one of them watches them instead of sleeping while any are registered.
+ * those words, and one of them watches them instead of sleeping while any are registered.  On a
+ * budget that asks for it, prefill-size jobs go to a list of their own, served by the pool's prefill
+ * crew at SCHED_IDLE (_prefill_crew.h).
  */
 typedef struct Signal Signal;
 typedef struct SignalSet SignalSet;
 #include "_gather_job.h"
 /* Node budget hooks (_node_budget.h): a pool on a budget gathers only while holding its tokens. */
 struct NodeBudget;
-static void *budget_worker_main(Pool *pool);
+static void *budget_worker_main(Pool *pool, int crew);
 static void budget_wait_chunk(Job *job, int64_t chunk);
 static void nb_unref(struct NodeBudget *budget);
+static int crew_takes(Pool *pool, const Job *job);  /* _prefill_crew.h */
 
 struct Pool {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     Job *head;
     atomic_int listed_jobs, stop;
+    /* The prefill crew (_prefill_crew.h): threads at SCHED_IDLE that take only the jobs listed here. */
+    Job *crew_head;
+    atomic_int listed_crew, ncrew, crew_quit;
+    pthread_cond_t crew_wake;
+    int crew_sleepers, crew_started, crew_error, threads_asked, pinned;
+    pthread_t *crew;
+    cpu_set_t pin;                 /* where the workers (and the crew) run, if pinned */
     atomic_llong spin_until;       /* workers poll, awake, until then (pool_prewake) */
     int sleepers, nthreads, started;
     long generation;               /* fork_generation when the workers started */
@@ -64,6 +74,7 @@ static void pool_unref(Pool *pool) {
         if (pool->budget) nb_unref(pool->budget);
         for (int i = 0; i < pool->nretired; i++) nb_unref(pool->retired[i]);
         free(pool->threads);
+        free(pool->crew);
         free(pool);
     }
 }
@@ -132,25 +143,28 @@ static int take_block(Job *job) {
     return 1;
 }
 
-/* The first listed job with blocks left; exhausted jobs are unlisted on the way.  Lock held. */
-static Job *job_with_work(Pool *pool) {
-    Job **link = &pool->head;
+/* The first job with blocks left on the workers' list (or the crew's); exhausted jobs are unlisted
+ * on the way.  Lock held. */
+static Job *job_with_work_in(Pool *pool, int crew) {
+    Job **link = crew ? &pool->crew_head : &pool->head;
     while (*link) {
         Job *job = *link;
         if (atomic_load(&job->next_block) < job->nblocks) return job;
         *link = job->next;
         job->listed = 0;
-        atomic_fetch_sub(&pool->listed_jobs, 1);
+        atomic_fetch_sub(crew ? &pool->listed_crew : &pool->listed_jobs, 1);
     }
     return NULL;
 }
+
+static Job *job_with_work(Pool *pool) { return job_with_work_in(pool, 0); }
 
 /* Workers poll the job list while a spin window is open (IDLE_SPIN_NS after their last job, or
  * until pool->spin_until), then sleep on the condition variable: a futex wake-up costs tens of
  * microseconds in a VM, as much as a decode-size gather. */
 static void *worker_main(void *arg) {
     Pool *pool = arg;
-    if (pool->budget) return budget_worker_main(pool);  /* node budget hook */
+    if (pool->budget) return budget_worker_main(pool, 0);  /* node budget hook */
     int64_t idle_until = now_ns() + IDLE_SPIN_NS;
     for (;;) {
         while (!atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop)) {
@@ -205,19 +219,20 @@ static int job_start(Job *job) {
     atomic_store(&job->bad, 0);
     for (int c = 0; c < MAX_CHUNKS; c++) atomic_store(&job->chunk_done[c], 0);
     atomic_store(&job->users, 0);
-    job->listed = 0;
+    job->listed = job->for_crew = 0;
     Pool *pool = job->pool;
     /* A signalled job has no waiting thread to gather a lone block: the workers take it. */
     if (pool == NULL || !pool_usable(pool) || (job->nblocks <= 1 && !job->signal)) return 0;
     pthread_mutex_lock(&pool->lock);
+    int crew = job->for_crew = crew_takes(pool, job);
     /* First come, first served: two layers' lookups armed together finish in the order asked. */
-    Job **link = &pool->head;
+    Job **link = crew ? &pool->crew_head : &pool->head;
     while (*link) link = &(*link)->next;
     job->next = NULL;
     *link = job;
     job->listed = 1;
-    atomic_fetch_add(&pool->listed_jobs, 1);
-    if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
+    atomic_fetch_add(crew ? &pool->listed_crew : &pool->listed_jobs, 1);
+    if (crew ? pool->crew_sleepers : pool->sleepers) pthread_cond_broadcast(crew ? &pool->crew_wake : &pool->wake);
     pthread_mutex_unlock(&pool->lock);
     return 1;
 }
@@ -250,10 +265,10 @@ static void job_unlist(Job *job) {
     Pool *pool = job->pool;
     pthread_mutex_lock(&pool->lock);
     if (job->listed) {
-        for (Job **link = &pool->head; *link; link = &(*link)->next)
+        for (Job **link = job->for_crew ? &pool->crew_head : &pool->head; *link; link = &(*link)->next)
             if (*link == job) {
                 *link = job->next;
-                atomic_fetch_sub(&pool->listed_jobs, 1);
+                atomic_fetch_sub(job->for_crew ? &pool->listed_crew : &pool->listed_jobs, 1);
                 break;
             }
         job->listed = 0;

@@ -53,6 +53,7 @@ static PyObject *err_class(void) { return error_class ? error_class : PyExc_Runt
 #include "_gather_pool.h"
 #include "_stream_signal.h"
 #include "_node_budget.h"
+#include "_prefill_crew.h"
 
 /* ---- GatherPool ----------------------------------------------------------------------------------------- */
 typedef struct {
@@ -82,6 +83,7 @@ static void pool_stop(Pool *pool) {
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
+    crew_join(pool);
     signals_orphan(pool);  /* graphs replayed after close must still be answered */
 }
 
@@ -110,6 +112,8 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     }
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
+    pthread_cond_init(&pool->crew_wake, NULL);
+    pool->threads_asked = threads, pool->pinned = pinned, pool->pin = pin;
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();
     atomic_store(&pool->refs, 1);
@@ -131,6 +135,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
         pool->nthreads = i + 1;
     }
     pool->started = 1;
+    crew_start(pool);  /* where the budget asks for one; a refusal is reported (prefill_crew), not raised */
     self->pool = pool;
     self->caller_gathers = caller_gathers;
     return 0;
@@ -225,6 +230,7 @@ static PyGetSetDef pool_getset[] = {
     {"caller_gathers", (getter)pool_get_caller_gathers, NULL,
      "whether the calling thread is one of the gatherers (else: stream-signalled jobs)", NULL},
     {"budgeted", (getter)pool_get_budgeted, NULL, "whether it gathers on the node's budget", NULL},
+    NB_POOL_GETSETS
     {NULL}};
 
 static PyTypeObject PoolType = {

@@ -6,7 +6,7 @@
  * draws the same layout for the daemon.  A pool attached to a budget gathers a block only while
  * one of its threads holds a token of its group (one group per NUMA node with budget CPUs):
  *
- *     offset      0        header        magic, version, groups, slots, small_rows, tokens per group
+ *     offset      0        header        magic, version, groups, slots, small_rows, flags, tokens per group
  *                 4096     slots[64]     one per rank process: want/held counts, futex word, counters
  *                 16384 +  group[g]      decision lock, want/small/holding masks, token owner hints,
  *                   g*40960              the gathering counter and its peak, the grant log
@@ -70,12 +70,13 @@
 #define NB_QUANTUM_NS 1000000LL        /* the group rotates one token this often, at most */
 #define NB_QUANTUM_MIN_BLOCKS 8
 #define NB_FLOOR_MIN_TOKENS 4          /* from this many tokens a group keeps one for each slot's prefill job */
+#define NB_FLAG_PREFILL_IDLE 1u        /* the header's flags: prefill-size jobs go to the pools' crews (_prefill_crew.h) */
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
 
 typedef struct {
     uint64_t magic;
-    uint32_t version, file_bytes, groups, slots, small_rows, reserved;
+    uint32_t version, file_bytes, groups, slots, small_rows, flags;  /* flags: NB_FLAG_*; others ignored */
     uint32_t tokens[NB_MAX_GROUPS];
 } NbHeader;
 
@@ -110,6 +111,7 @@ _Static_assert(sizeof(NbGroup) <= NB_GROUP_BYTES, "group record too large");
 typedef struct NodeBudget {
     uint8_t *map;
     int fd, group, slot, tokens, slots, small_rows;
+    uint32_t flags;                        /* the header's, as read at open (a peer cannot change them after) */
     uint64_t bit;
     NbGroup *g;
     NbSlot *s;

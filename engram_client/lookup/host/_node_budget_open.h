@@ -57,6 +57,7 @@ static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots) {
     }
     b->map = map, b->fd = fd, b->group = group, b->tokens = tokens, b->slots = slots;
     b->small_rows = (int)h->small_rows;
+    b->flags = h->flags;
     b->g = (NbGroup *)(b->map + NB_GROUPS_AT + (size_t)group * NB_GROUP_BYTES);
     b->generation = atomic_load(&fork_generation);
     atomic_store(&b->refs, 1);

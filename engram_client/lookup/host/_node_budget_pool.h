@@ -28,57 +28,64 @@ static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
     return 1;
 }
 
-static int nb_pool_has_work(void *arg) {  /* a listed job with blocks left (exhausted ones are unlisted) */
-    Pool *pool = arg;
-    if (!atomic_load(&pool->listed_jobs) || atomic_load(&pool->stop)) return 0;
+static int pool_has_work_in(Pool *pool, int crew) {  /* a listed job with blocks left (exhausted ones are unlisted) */
+    if (!atomic_load(crew ? &pool->listed_crew : &pool->listed_jobs) || atomic_load(&pool->stop)) return 0;
     pthread_mutex_lock(&pool->lock);
-    int work = job_with_work(pool) != NULL;
+    int work = job_with_work_in(pool, crew) != NULL;
     pthread_mutex_unlock(&pool->lock);
     return work;
 }
+
+static int nb_pool_has_work(void *arg) { return pool_has_work_in(arg, 0); }
+static int nb_crew_has_work(void *arg) { return pool_has_work_in(arg, 1); }
 
 static int nb_job_has_blocks(void *arg) {
     Job *job = arg;
     return atomic_load(&job->next_block) < job->nblocks;
 }
 
-/* The worker loop of a pool on a budget (the hook in worker_main).  A worker without a token
- * sleeps; it takes one when jobs are listed (or, to answer a pre-wake, when nobody else wants
- * one), gathers while it holds it, yields it at block boundaries when the budget says so, and
- * after its last job lingers, holding it, only while nobody else waits. */
-static void *budget_worker_main(Pool *pool) {
+/* The worker loop of a pool on a budget (the hook in worker_main), and of its prefill crew.  A worker
+ * without a token sleeps; it takes one when jobs are listed (or, to answer a pre-wake, when nobody
+ * else wants one), gathers while it holds it, yields it at block boundaries when the budget says so,
+ * and after its last job lingers, holding it, only while nobody else waits.  The crew serves its own
+ * list, and neither answers pre-wakes nor watches stream signals (the workers do, for decode latency). */
+static void *budget_worker_main(Pool *pool, int crew) {
     NodeBudget *b = pool->budget;
+    atomic_int *listed_here = crew ? &pool->listed_crew : &pool->listed_jobs;
+    pthread_cond_t *wake = crew ? &pool->crew_wake : &pool->wake;
+    int *sleepers = crew ? &pool->crew_sleepers : &pool->sleepers;
     int tok = NB_NONE;
     int64_t linger_until = 0, answered = 0;
-    while (!atomic_load(&pool->stop)) {
+    while (!atomic_load(&pool->stop) && !(crew && atomic_load(&pool->crew_quit))) {
         if (tok == NB_NONE) {
             b = atomic_load(&pool->budget);  /* a new daemon's budget (set_budget) from the next token on */
             pthread_mutex_lock(&pool->lock);
-            while (!atomic_load(&pool->stop) && !atomic_load(&pool->listed_jobs)) {
+            while (!atomic_load(&pool->stop) && !atomic_load(listed_here) && !(crew && atomic_load(&pool->crew_quit))) {
                 int64_t spin = atomic_load(&pool->spin_until);
-                if (spin != answered && spin > now_ns()) break;
+                if (!crew && spin != answered && spin > now_ns()) break;
                 /* A graph replay's job is announced by no host call: while stream signals are
                  * registered, one idle worker watches their words instead of sleeping (_signal_watch.h). */
-                if (signals_watch(pool)) continue;
-                pool->sleepers++;
-                pthread_cond_wait(&pool->wake, &pool->lock);
-                pool->sleepers--;
+                if (!crew && signals_watch(pool)) continue;
+                (*sleepers)++;
+                pthread_cond_wait(wake, &pool->lock);
+                (*sleepers)--;
             }
-            int listed = atomic_load(&pool->listed_jobs);
-            int small = pool->head == NULL || pool->head->n <= b->small_rows;
+            int listed = atomic_load(listed_here);
+            Job *head = crew ? pool->crew_head : pool->head;
+            int small = head == NULL || head->n <= b->small_rows;
             pthread_mutex_unlock(&pool->lock);
-            if (atomic_load(&pool->stop)) break;
+            if (atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit))) break;
             if (!listed) {  /* a pre-wake: be awake for the job, but only on a token nobody else wants */
                 answered = atomic_load(&pool->spin_until);
                 linger_until = answered;
                 if ((tok = nb_try(b, 1, 1)) == NB_NONE) continue;
-            } else if ((tok = nb_acquire(b, small, nb_pool_has_work, pool)) == NB_NONE) {
+            } else if ((tok = nb_acquire(b, small, crew ? nb_crew_has_work : nb_pool_has_work, pool)) == NB_NONE) {
                 continue;
             }
         }
-        if (atomic_load(&pool->listed_jobs)) {
+        if (atomic_load(listed_here)) {
             pthread_mutex_lock(&pool->lock);
-            Job *job = job_with_work(pool);
+            Job *job = job_with_work_in(pool, crew);
             if (job) atomic_fetch_add(&job->users, 1);
             pthread_mutex_unlock(&pool->lock);
             if (job) {
@@ -95,9 +102,9 @@ static void *budget_worker_main(Pool *pool) {
                 continue;
             }
         }
-        int64_t now = now_ns(), spin = atomic_load(&pool->spin_until);
+        int64_t now = now_ns(), spin = crew ? 0 : atomic_load(&pool->spin_until);
         if (tok >= 0 && (now < linger_until || now < spin) && !(atomic_load(&b->g->want_mask) & ~b->bit)) {
-            if (signals_poll(pool)) continue;  /* a stream armed a job: it is listed now */
+            if (!crew && signals_poll(pool)) continue;  /* a stream armed a job: it is listed now */
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;
         }
@@ -111,7 +118,8 @@ static void *budget_worker_main(Pool *pool) {
 /* The waiter's part on a budget (the hook in job_wait_chunk): it gathers only on a token it can
  * get at once (the pool's workers wait for theirs), and otherwise sleeps until a block completes
  * its chunk.  Where no worker will help (one thread, a closed pool, a one-block job that is never
- * listed) it waits for a token itself. */
+ * listed) it waits for a token itself.  A job for the prefill crew it leaves to the crew, and it
+ * sleeps at once: this thread is not at SCHED_IDLE, and a prefill call does not need the poll. */
 static void budget_wait_chunk(Job *job, int64_t chunk) {
     Pool *pool = job->pool;
     NodeBudget *b = pool->budget;
@@ -121,9 +129,10 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
     int64_t blocks = 0;
     while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need) {
         /* No worker will help with a job that was never listed (one block), nor in a pool without them. */
-        int alone = pool->nthreads == 0 || !pool_usable(pool) || !job->listed;
+        int crew = job->for_crew;
+        int alone = (crew ? atomic_load(&pool->ncrew) == 0 : pool->nthreads == 0) || !pool_usable(pool) || !job->listed;
         /* Helping needs a free token: look before taking the group's lock (a hint; nb_try decides). */
-        int may_help = alone || !nb_usable(b) || nb_held_total(b) < b->tokens;
+        int may_help = alone || (!crew && (!nb_usable(b) || nb_held_total(b) < b->tokens));
         if (tok == NB_NONE && atomic_load(&job->next_block) < job->nblocks && may_help)
             tok = alone ? nb_acquire(b, small, nb_job_has_blocks, job) : nb_try(b, small, 0);
         if (tok != NB_NONE) {
@@ -142,7 +151,7 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
          * microseconds in a VM, as much as a decode-size call's gather.  Polling again after every
          * nap kept this thread on a core half the time, outside the budget, beside the threads
          * that hold its tokens (tests/unit/test_gather_budget_waiter.py). */
-        if (!polled) {
+        if (!polled && !crew) {
             int64_t spin_until = now_ns() + NB_WAITER_SPIN_NS;
             while (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need && now_ns() < spin_until)
                 for (int i = 0; i < 32; i++) cpu_relax();
@@ -152,7 +161,7 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
         uint32_t seen = atomic_load(&b->done_seq);
         atomic_fetch_add(&b->done_sleepers, 1);
         if (atomic_load_explicit(&job->chunk_done[chunk], memory_order_acquire) < need)
-            nb_futex((_Atomic uint32_t *)&b->done_seq, FUTEX_WAIT_PRIVATE, seen, alone ? NB_WAIT_NS : NB_WAITER_NAP_NS);
+            nb_futex((_Atomic uint32_t *)&b->done_seq, FUTEX_WAIT_PRIVATE, seen, alone || crew ? NB_WAIT_NS : NB_WAITER_NAP_NS);
         atomic_fetch_sub(&b->done_sleepers, 1);
     }
     if (tok != NB_NONE) nb_release(b, tok, 0);

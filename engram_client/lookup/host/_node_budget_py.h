@@ -121,6 +121,10 @@ static PyObject *budget_get_small_rows(NodeBudgetObject *self, void *unused) {
     return PyLong_FromLong(self->b ? self->b->small_rows : 0);
 }
 
+static PyObject *budget_get_prefill_idle(NodeBudgetObject *self, void *unused) {
+    return PyBool_FromLong(self->b && (self->b->flags & NB_FLAG_PREFILL_IDLE));
+}
+
 static PyObject *budget_require(NodeBudgetObject *self, PyCFunction fn, PyObject *arg) {
     if (!self->b) {
         PyErr_SetString(err_class(), "this NodeBudget was never opened");
@@ -150,6 +154,8 @@ static PyGetSetDef budget_getset[] = {
     {"group", (getter)budget_get_group, NULL, "the group (NUMA node's CPUs) it draws on", NULL},
     {"tokens", (getter)budget_get_tokens, NULL, "tokens of that group", NULL},
     {"small_rows", (getter)budget_get_small_rows, NULL, "jobs of at most this many rows go first", NULL},
+    {"prefill_idle", (getter)budget_get_prefill_idle, NULL,
+     "whether the daemon asks for prefill-size jobs to be gathered at SCHED_IDLE (--prefill-gathers idle)", NULL},
     {NULL}};
 
 static PyTypeObject NodeBudgetType = {
@@ -166,6 +172,9 @@ static PyTypeObject NodeBudgetType = {
 };
 
 
+static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused);
+#define NB_POOL_GETSETS {"prefill_crew", (getter)pool_get_prefill_crew, NULL, \
+    "(threads, errno): the crew at SCHED_IDLE that gathers prefill-size jobs, and why it did not start (0: it did or was not asked)", NULL},
 #define NB_POOL_METHODS {"set_budget", (PyCFunction)pool_set_budget, METH_O, \
     "set_budget(budget) -> whether the pool now draws on it (a pool started on a budget only)."},
 
@@ -203,7 +212,16 @@ static PyObject *pool_set_budget(PoolObject *self, PyObject *arg) {
     NodeBudget *b = ((NodeBudgetObject *)arg)->b;
     atomic_fetch_add(&b->refs, 1);
     pool->retired[pool->nretired++] = atomic_exchange(&pool->budget, b);
+    Py_BEGIN_ALLOW_THREADS
+    crew_start(pool);  /* a new daemon that asks for a prefill crew; one that does not leaves it idle */
+    Py_END_ALLOW_THREADS
     Py_RETURN_TRUE;
+}
+
+/* (threads at SCHED_IDLE serving prefill-size jobs, errno of the refusal that kept them from starting or 0) */
+static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused) {
+    Pool *pool = self->pool;
+    return Py_BuildValue("(ii)", pool ? atomic_load(&pool->ncrew) : 0, pool ? pool->crew_error : 0);
 }
 
 static PyObject *pool_get_budgeted(PoolObject *self, void *unused) {
@@ -216,7 +234,8 @@ static int nb_add_to_module(PyObject *module) {
            PyModule_AddIntConstant(module, "BUDGET_FILE_BYTES", NB_FILE_BYTES) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_MAX_SLOTS", NB_MAX_SLOTS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_MAX_GROUPS", NB_MAX_GROUPS) < 0 ||
-           PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ? -1 : 0;
+           PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ||
+           PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ? -1 : 0;
 }
 
 /* GatherPool's budget and cpus arguments: the budget (or NULL) and the CPUs to pin to; as nb_parse_cpus. */

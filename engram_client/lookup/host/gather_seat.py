@@ -87,6 +87,8 @@ class GatherSeat:
     group: dict = field(default_factory=dict)
     cpus: list[int] | None = None  # where the workers are pinned
     budget_id: str | None = None
+    pool: Any = None  # the pool open_pool started on this seat
+    prefill_words: str = ""  # the end of the explanation that says what --prefill-gathers means here
 
     def report(self) -> dict | None:
         """The counters a heartbeat carries (engramd/gather_budget.py checks them)."""
@@ -96,18 +98,43 @@ class GatherSeat:
 
         def sane(value):  # counters live in shared memory a peer may scribble on: report them bounded
             return min(max(value, 0), 2**62)
-        return {"slot": stats["slot"], "group": stats["group"], "tokens": stats["tokens"], "threads": self.threads,
-                "cpus": format_cpus(self.cpus or self.group.get("cpus", [])), "held": sane(stats["held"]),
-                "rows": sane(stats["rows"]), "wait_s": round(float(sane(stats["wait_s"])), 6),
-                "acquired": sane(stats["acquired"]), "yields": sane(stats["yields"]),
-                "overdraft": sane(stats["overdraft"])}
+        report = {"slot": stats["slot"], "group": stats["group"], "tokens": stats["tokens"], "threads": self.threads,
+                  "cpus": format_cpus(self.cpus or self.group.get("cpus", [])), "held": sane(stats["held"]),
+                  "rows": sane(stats["rows"]), "wait_s": round(float(sane(stats["wait_s"])), 6),
+                  "acquired": sane(stats["acquired"]), "yields": sane(stats["yields"]),
+                  "overdraft": sane(stats["overdraft"])}
+        if self.budget.prefill_idle and self.pool is not None:  # only a 1.5 daemon sets the rule, and knows the field
+            report["prefill_threads"] = self.pool.prefill_crew[0]
+        return report
 
     def open_pool(self, signalled: bool = False):
         """The pool on this seat.  Where stream memory operations signal the workers (host_signal.py)
         no host function lends its thread to the gather, so the pool starts ``threads`` workers."""
         from .host_lookup import _host_gather
 
-        return _host_gather.GatherPool(self.threads, caller_gathers=not signalled, budget=self.budget, cpus=self.cpus)
+        self.pool = _host_gather.GatherPool(self.threads, caller_gathers=not signalled, budget=self.budget,
+                                            cpus=self.cpus)
+        self._say_prefill_crew()
+        return self.pool
+
+    def _say_prefill_crew(self) -> None:
+        """End the explanation with what the daemon's --prefill-gathers rule means for this pool (again
+        after a move to another daemon's budget)."""
+        base = self.explanation[:len(self.explanation) - len(self.prefill_words)]
+        self.prefill_words = ""
+        if self.budget is not None and self.budget.prefill_idle:
+            threads, error = self.pool.prefill_crew
+            if threads:
+                self.prefill_words = (f"; its prefill-size calls (over {self.budget.small_rows:,} rows) are gathered by "
+                                      f"{_n(threads, 'thread')} at SCHED_IDLE (the daemon's --prefill-gathers idle), "
+                                      "which use a CPU only where no thread of normal priority wants it")
+            else:
+                words = (f"the daemon asks for prefill-size calls to be gathered at SCHED_IDLE (--prefill-gathers "
+                         f"idle), but this process may not start threads at that policy ({os.strerror(error)}): its "
+                         "prefill gathers at normal priority, and decode-size lookups beside it wait for CPUs")
+                log.warning("engram_client: %s", words)
+                self.prefill_words = "; " + words
+        self.explanation = base + self.prefill_words
 
 
 def _open_budget(spec: dict, group: dict, timeout: float):
@@ -175,3 +202,5 @@ def move_seat(seat: GatherSeat, pool, spec: dict | None, device, timeout: float 
     if pool.set_budget(budget):
         seat.budget, seat.group, seat.budget_id = budget, group, spec.get("id")
         log.info("moved to the new daemon's gather budget (slot %d)", budget.slot)
+        seat.pool = pool
+        seat._say_prefill_crew()

@@ -1,0 +1,152 @@
+"""The prefill crew: where the node budget says --prefill-gathers idle, a pool gathers prefill-size
+jobs on threads of its own at SCHED_IDLE, and decode-size jobs on its workers at normal priority.
+
+Real sealed budget memfds and real pools in this process; which threads did a job's work is read
+from each thread's CPU time in /proc (schedstat, in ns), and their policy from the kernel.  What is
+not tested here: a sandbox that refuses SCHED_IDLE (nothing unprivileged makes the kernel refuse it),
+whose words gather_seat.py gives.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from engram_client.core import budget_file
+from engram_client.lookup.host import _host_gather
+from test_host_gather import gather, gather_threads
+
+ROWS, ROW_BYTES = 1 << 14, 264
+PREFILL, DECODE = budget_file.SMALL_ROWS + 4096, 6144
+
+
+def cpu_ns(tids: set[int]) -> int:
+    total = 0
+    for tid in tids:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total
+
+
+@pytest.fixture
+def table() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+
+
+def open_budget(flags: int):
+    fd = budget_file.create([3], flags=flags)
+    try:
+        return _host_gather.NodeBudget(fd, 0, 3, budget_file.MAX_SLOTS)
+    finally:
+        os.close(fd)
+
+
+def settle() -> None:
+    time.sleep(0.05)  # workers linger 50 us after a job; let every thread fall asleep
+
+
+def test_a_budget_that_asks_gets_a_crew_at_sched_idle_and_its_workers_stay_normal(table):
+    before_crew, before_workers = gather_threads("engram-prefill"), gather_threads()
+    budget = open_budget(budget_file.FLAG_PREFILL_IDLE)
+    assert budget.prefill_idle
+    pool = _host_gather.GatherPool(3, budget=budget)
+    try:
+        crew, workers = gather_threads("engram-prefill") - before_crew, gather_threads() - before_workers
+        assert pool.prefill_crew == (3, 0) and len(crew) == 3 and len(workers) == 2
+        assert {os.sched_getscheduler(tid) for tid in crew} == {os.SCHED_IDLE}
+        assert {os.sched_getscheduler(tid) for tid in workers} == {os.SCHED_OTHER}
+    finally:
+        pool.close()
+    assert pool.prefill_crew == (0, 0) and not gather_threads("engram-prefill") - before_crew  # joined
+
+
+def test_prefill_jobs_go_to_the_crew_and_decode_jobs_to_the_workers_byte_exact(table):
+    before_crew, before_workers = gather_threads("engram-prefill"), gather_threads()
+    pool = _host_gather.GatherPool(3, budget=open_budget(budget_file.FLAG_PREFILL_IDLE))
+    try:
+        crew, workers = gather_threads("engram-prefill") - before_crew, gather_threads() - before_workers
+        rng = np.random.default_rng(1)
+        settle()
+        crew_before, caller_spent = cpu_ns(crew), 0
+        for _ in range(3):
+            ids = rng.integers(0, ROWS, PREFILL).astype(np.int64)
+            out = np.zeros((PREFILL, ROW_BYTES), np.uint8)
+            started = time.thread_time_ns()
+            bad = pool.gather(table.ctypes.data, 0, ROWS, ROW_BYTES, ids.ctypes.data, True, PREFILL, out.ctypes.data, 0)
+            caller_spent += time.thread_time_ns() - started
+            assert bad == 0
+            np.testing.assert_array_equal(out, table[ids])
+        crew_spent = cpu_ns(crew) - crew_before
+        assert crew_spent > 0, "the crew gathered nothing of three prefill-size jobs"
+        settle()
+        crew_before, workers_before = cpu_ns(crew), cpu_ns(workers)
+        for _ in range(20):
+            ids = rng.integers(0, ROWS, DECODE).astype(np.int32)
+            out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
+            assert bad == 0
+            np.testing.assert_array_equal(out, table[ids])
+        assert cpu_ns(crew) == crew_before, "a crew thread woke for a decode-size job"
+        assert cpu_ns(workers) > workers_before
+        assert caller_spent < crew_spent, (caller_spent, crew_spent)  # the caller left the prefill to the crew
+    finally:
+        pool.close()
+
+
+def test_without_the_rule_there_is_no_crew_and_a_new_daemon_can_ask_for_one(table):
+    before_crew = gather_threads("engram-prefill")
+    plain = open_budget(0)
+    assert not plain.prefill_idle
+    pool = _host_gather.GatherPool(3, budget=plain)
+    try:
+        assert pool.prefill_crew == (0, 0) and gather_threads("engram-prefill") == before_crew
+        assert pool.set_budget(open_budget(budget_file.FLAG_PREFILL_IDLE))  # a daemon restarted with the rule
+        crew = gather_threads("engram-prefill") - before_crew
+        assert pool.prefill_crew == (3, 0) and len(crew) == 3
+        ids = np.random.default_rng(2).integers(0, ROWS, PREFILL).astype(np.int64)
+        settle()
+        spent = cpu_ns(crew)
+        out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
+        np.testing.assert_array_equal(out, table[ids])
+        assert bad == 0 and cpu_ns(crew) > spent
+        assert pool.set_budget(open_budget(0))  # and one without it: prefill goes back to the workers
+        settle()
+        spent = cpu_ns(crew)
+        out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
+        np.testing.assert_array_equal(out, table[ids])
+        assert bad == 0 and cpu_ns(crew) == spent
+    finally:
+        pool.close()
+    assert not gather_threads("engram-prefill") - before_crew
+
+
+def test_a_pool_closed_under_a_prefill_job_on_another_thread_finishes_it(table):
+    """The crew is joined under the job: its caller gathers what is left (on a token, or after
+    NB_STARVE_NS without one).  A second open file description holds the tokens at first, so the
+    job is surely in flight when the pool closes."""
+    import threading
+
+    fd = budget_file.create([2], flags=budget_file.FLAG_PREFILL_IDLE)
+    holder = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+    try:
+        assert budget_file.lock_token(holder, 0, 0) and budget_file.lock_token(holder, 0, 1)
+        pool = _host_gather.GatherPool(2, budget=_host_gather.NodeBudget(fd, 0, 2, budget_file.MAX_SLOTS))
+        ids = np.random.default_rng(3).integers(0, ROWS, PREFILL).astype(np.int64)
+        result = {}
+
+        def run():
+            result["out"], result["bad"], _ = gather(pool, table, ids, row_hi=ROWS)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        time.sleep(0.3)
+        assert thread.is_alive()  # waiting: the tokens are held
+        pool.close()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "a gather under a closing pool did not finish"
+        assert result["bad"] == 0
+        np.testing.assert_array_equal(result["out"], table[ids])
+    finally:
+        os.close(holder)
+        os.close(fd)
