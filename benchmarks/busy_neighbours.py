@@ -31,7 +31,7 @@ while not select.select([sys.stdin], [], [], 0)[0]:
     table._host.gather_rows(table, ids[calls % 4])  # the CPU half of a host-path lookup
     calls += 1
 wall, cpu, caller_cpu = time.monotonic() - wall, time.process_time() - cpu, time.thread_time() - caller_cpu
-print(calls, cpu / wall, caller_cpu / wall, flush=True)  # calls, cores in all, cores of the waiting caller
+print(calls, wall, cpu / wall, caller_cpu / wall, flush=True)  # calls, seconds, cores in all, its caller's
 """
 
 
@@ -48,13 +48,16 @@ def start_neighbours(endpoint: str, count: int, policy: str = "normal") -> list[
 
 
 def stop_neighbours(procs) -> list[dict]:
-    """Each neighbour's calls and the cores it used: in all, and its waiting caller's alone."""
+    """Each neighbour's calls, its prefill rate, and the cores it used: in all, and its waiting caller's alone."""
     reports = []
     for proc in procs:
         out, _ = proc.communicate("", timeout=120)
         words = out.split()
-        reports.append({"calls": int(words[-3]), "cores": float(words[-2]), "caller_cores": float(words[-1])}
-                       if len(words) >= 3 else {"calls": 0, "cores": None, "caller_cores": None})
+        if len(words) < 4:
+            raise SystemExit(f"a busy neighbour (pid {proc.pid}, rc {proc.returncode}) ended without its report: {out!r}")
+        calls, wall = int(words[-4]), float(words[-3])
+        reports.append({"calls": calls, "m_rows_per_s": round(calls * 393216 / wall / 1e6, 2),
+                        "cores": float(words[-2]), "caller_cores": float(words[-1])})
     return reports
 
 
