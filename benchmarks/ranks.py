@@ -238,8 +238,12 @@ def judge(results: dict) -> list[dict]:
 
 
 def markdown(results: dict) -> str:
-    lines = ["| mode | ranks | case | node M rows/s | per-rank median ms | per-rank p90 ms |",
-             "| --- | ---: | --- | ---: | --- | --- |"]
+    spec = results.get("budget")
+    lines = [f"The daemon's budget: {spec['tokens']} tokens, prefill-size calls gathered at "
+             f"{'SCHED_IDLE' if spec.get('prefill_gathers') == 'idle' else 'normal priority'}." if spec else
+             "The daemon has no gather budget.", ""]
+    lines += ["| mode | ranks | case | node M rows/s | per-rank median ms | per-rank p90 ms |",
+              "| --- | ---: | --- | ---: | --- | --- |"]
     for entry in results["modes"]:
         for c in entry["cases"]:
             med = " / ".join(f"{r['median_ms']:.2f}" for r in c["per_rank"])

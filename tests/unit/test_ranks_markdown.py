@@ -1,0 +1,18 @@
+"""benchmarks/ranks.py's markdown names the budget it ran on, the prefill rule included: two runs
+of the same table under different --prefill-gathers rules must not read alike."""
+from __future__ import annotations
+
+from benchmarks.ranks import markdown
+
+
+def results(budget):
+    case = {"ranks": 1, "case": "393,216", "node_Mrows_s": 63.2, "per_rank": [{"median_ms": 6.12, "p90_ms": 6.45}]}
+    return {"budget": budget, "modes": [{"mode": "budget", "cases": [case]}], "targets": []}
+
+
+def test_the_markdown_names_the_budget_and_its_prefill_rule():
+    idle = markdown(results({"tokens": 12, "prefill_gathers": "idle"}))
+    normal = markdown(results({"tokens": 12, "prefill_gathers": "normal"}))
+    assert idle.splitlines()[0] == "The daemon's budget: 12 tokens, prefill-size calls gathered at SCHED_IDLE."
+    assert "normal priority" in normal.splitlines()[0] and "| budget | 1 | 393,216 | 63.2 | 6.12 | 6.45 |" in normal
+    assert markdown(results(None)).startswith("The daemon has no gather budget.")
