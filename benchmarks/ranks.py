@@ -31,18 +31,13 @@ import os
 import statistics
 import time
 
-from benchmarks.common import receive, write_json
+from benchmarks.common import p90, receive, write_json
 
 DECODE, PREFILL = 6144, 393216
 ENGINE = 0  # "rows" of a decode-step probe: a 6,144-row prefetch beside a chain of layer-sized matmuls
 ENGINE_LAYERS, ENGINE_HIDDEN, ENGINE_BATCH = 48, 2048, 256
 MIN_CALL_S = {DECODE: 0.15e-3, PREFILL: 4e-3}  # faster than one rank alone on the H200 machine
 ATTACH_TIMEOUT_S, ARM_TIMEOUT_S, CASE_SLACK_S = 900.0, 300.0, 300.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(-(-q * len(ordered) // 100)) - 1))]
 
 
 def rank_main(endpoint: str, device: str, budget: bool, stage: str, conn) -> None:
@@ -159,7 +154,7 @@ def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: 
             replies = [receive(conn, seconds + CASE_SLACK_S, f"its calls of the {name} case") for conn in active]
             per_rank = [{"rows": r["rows"], "calls": len(r["times_ms"]),
                          "median_ms": statistics.median(r["times_ms"]) if r["times_ms"] else float("nan"),
-                         "p90_ms": _percentile(r["times_ms"], 90) if r["times_ms"] else float("nan")}
+                         "p90_ms": p90(r["times_ms"]) if r["times_ms"] else float("nan")}
                         for r in replies]
             cases.append({"case": name, "ranks": len(active), "per_rank": per_rank,
                           "node_Mrows_s": sum(r["calls"] * (r["rows"] or DECODE) for r in per_rank) / seconds / 1e6})
