@@ -2,9 +2,9 @@
 jobs on threads of its own at SCHED_IDLE, and decode-size jobs on its workers at normal priority.
 
 Real sealed budget memfds and real pools in this process; which threads did a job's work is read
-from each thread's CPU time in /proc (schedstat, in ns), and their policy from the kernel.  What is
-not tested here: a sandbox that refuses SCHED_IDLE (nothing unprivileged makes the kernel refuse it),
-whose words gather_seat.py gives.
+from each thread's CPU time in /proc (schedstat, in ns), and their policy from the kernel.  The
+sandbox that refuses SCHED_IDLE is a real one too: a child process under a seccomp filter that
+answers sched_setscheduler with EPERM.
 """
 from __future__ import annotations
 
@@ -150,3 +150,46 @@ def test_a_pool_closed_under_a_prefill_job_on_another_thread_finishes_it(table):
     finally:
         os.close(holder)
         os.close(fd)
+
+
+REFUSED = r'''
+import ctypes, os, struct, sys
+import numpy as np
+libc = ctypes.CDLL(None, use_errno=True)
+# A seccomp filter that answers sched_setscheduler (144) and sched_setattr (314) with EPERM on x86-64,
+# as a sandbox may: the kernel refuses SCHED_IDLE to this process, for real.
+code = [(0x20, 0, 0, 4), (0x15, 0, 4, 0xC000003E), (0x20, 0, 0, 0), (0x15, 1, 0, 144), (0x15, 0, 1, 314),
+        (0x06, 0, 0, 0x00050000 | 1), (0x06, 0, 0, 0x7FFF0000)]
+filt = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *c) for c in code))
+prog = struct.pack("HxxxxxxQ", len(code), ctypes.addressof(filt))
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.c_char_p(prog), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
+from engram_client.core import budget_file
+from engram_client.lookup.host import _host_gather
+from engram_client.lookup.host.gather_seat import GatherSeat
+fd = budget_file.create([2], flags=budget_file.FLAG_PREFILL_IDLE)
+budget = _host_gather.NodeBudget(fd, 0, 2, budget_file.MAX_SLOTS)
+seat = GatherSeat(2, "gathers on the node's budget", budget)
+pool = seat.open_pool()
+table = np.random.default_rng(0).integers(0, 256, (1 << 14, 264), dtype=np.uint8)
+ids = np.random.default_rng(1).integers(0, 1 << 14, budget_file.SMALL_ROWS + 4096).astype(np.int64)
+out = np.zeros((ids.size, 264), np.uint8)
+bad = pool.gather(table.ctypes.data, 0, 1 << 14, 264, ids.ctypes.data, True, ids.size, out.ctypes.data, 0)
+print(pool.prefill_crew, bad, bool((out == table[ids]).all()))
+print(seat.explanation)
+pool.close()
+'''
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is written for x86-64")
+def test_a_process_refused_sched_idle_says_so_and_gathers_its_prefill_at_normal_priority():
+    import errno
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", REFUSED], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    crew, explanation = run.stdout.splitlines()[:2]
+    assert crew == f"(0, {errno.EPERM}) 0 True", run.stdout  # no crew, the refusal kept; the prefill exact
+    assert "may not start threads at that policy (Operation not permitted)" in explanation, explanation
+    assert "may not start threads at that policy" in run.stderr  # and a warning in the log
