@@ -21,8 +21,8 @@ from waiting import wait_for
 
 @pytest.fixture
 def budget_daemon(daemon_factory):
-    def start(cpus: str):
-        daemon = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", cpus)
+    def start(cpus: str, *more: str):
+        daemon = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", cpus, *more)
         daemon.wait_state("ready")
         return daemon
     return start
@@ -124,8 +124,9 @@ def test_busy_ranks_are_served_round_robin(budget_daemon, ranks):
     assert sum(1 for a, b in zip(log, log[1:]) if a[1] != b[1]) >= 6, "the token never went round"
 
 
-def test_a_rank_killed_mid_lookup_gives_its_token_back_and_others_stay_exact(budget_daemon, ranks):
-    daemon = budget_daemon("0")
+@pytest.mark.parametrize("prefill_gathers", ["normal", "idle"])  # idle: the token held is a crew thread's
+def test_a_rank_killed_mid_lookup_gives_its_token_back_and_others_stay_exact(budget_daemon, ranks, prefill_gathers):
+    daemon = budget_daemon("0", "--prefill-gathers", prefill_gathers)
     group = ranks(daemon.endpoint, [(1 << 20, 0, 2), (8192, 0, 2)])
     budget = watcher(daemon)
     victim, proc = group.ready[0]["slot"], group.procs[0]

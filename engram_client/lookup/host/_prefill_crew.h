@@ -35,7 +35,9 @@ static void crew_join(Pool *pool) {
  * (pool->crew_error keeps it, for the client to say why its prefill gathers at normal priority). */
 static int crew_start(Pool *pool) {
     NodeBudget *b = atomic_load(&pool->budget);
-    if (!b || !(b->flags & NB_FLAG_PREFILL_IDLE) || pool->crew_started || atomic_load(&pool->ncrew)) return 0;
+    if (!b || !(b->flags & NB_FLAG_PREFILL_IDLE) || pool->crew_started || atomic_load(&pool->ncrew) ||
+        atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
+        return 0;
     int n = pool->threads_asked, err = 0;
     if (!pool->crew && !(pool->crew = calloc((size_t)n, sizeof(pthread_t)))) return pool->crew_error = ENOMEM;
     atomic_store(&pool->crew_quit, 0);
