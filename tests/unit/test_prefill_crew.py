@@ -69,13 +69,14 @@ def test_prefill_jobs_go_to_the_crew_and_decode_jobs_to_the_workers_byte_exact(t
         crew, workers = gather_threads("engram-prefill") - before_crew, gather_threads() - before_workers
         rng = np.random.default_rng(1)
         settle()
-        crew_before, caller_spent = cpu_ns(crew), 0
+        crew_before, caller_spent, caller_wall = cpu_ns(crew), 0, 0
         for _ in range(3):
             ids = rng.integers(0, ROWS, PREFILL).astype(np.int64)
             out = np.zeros((PREFILL, ROW_BYTES), np.uint8)
-            started = time.thread_time_ns()
+            started, wall = time.thread_time_ns(), time.monotonic_ns()
             bad = pool.gather(table.ctypes.data, 0, ROWS, ROW_BYTES, ids.ctypes.data, True, PREFILL, out.ctypes.data, 0)
             caller_spent += time.thread_time_ns() - started
+            caller_wall += time.monotonic_ns() - wall
             assert bad == 0
             np.testing.assert_array_equal(out, table[ids])
         crew_spent = cpu_ns(crew) - crew_before
@@ -89,7 +90,9 @@ def test_prefill_jobs_go_to_the_crew_and_decode_jobs_to_the_workers_byte_exact(t
             np.testing.assert_array_equal(out, table[ids])
         assert cpu_ns(crew) == crew_before, "a crew thread woke for a decode-size job"
         assert cpu_ns(workers) > workers_before
-        assert caller_spent < crew_spent, (caller_spent, crew_spent)  # the caller left the prefill to the crew
+        # The caller left the prefill to the crew: it slept through its calls (a caller that gathers keeps
+        # a core, or its share of one beside busy threads); how long the calls took depends on the load.
+        assert caller_spent < 0.2 * caller_wall, (caller_spent, caller_wall, crew_spent)
     finally:
         pool.close()
 

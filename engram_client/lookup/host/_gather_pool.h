@@ -237,9 +237,14 @@ static int job_start(Job *job) {
     return 1;
 }
 
+/* Spin a while, then nap, longer each time (2 us doubling to 0.5 ms): the thread waited for may
+ * have lost its CPU (a crew thread at SCHED_IDLE beside busy threads), and this one, at normal
+ * priority, must not keep taking the CPU it needs.  Naps of 2 us without end cost the caller of a
+ * prefill job more CPU than the crew that gathered it (tests/unit/test_prefill_crew.py). */
 static void pause_briefly(int *spins) {
     if (++*spins < 2000) { cpu_relax(); return; }
-    struct timespec ts = {0, 2000};
+    int doublings = *spins - 2000 < 8 ? *spins - 2000 : 8;
+    struct timespec ts = {0, 2000L << doublings};
     nanosleep(&ts, NULL);
 }
 

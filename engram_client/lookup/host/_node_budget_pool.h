@@ -75,6 +75,7 @@ static void *budget_worker_main(Pool *pool, int crew) {
             int small = head == NULL || head->n <= b->small_rows;
             pthread_mutex_unlock(&pool->lock);
             if (atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit))) break;
+            if (!listed && crew) continue;  /* its job was finished by others meanwhile */
             if (!listed) {  /* a pre-wake: be awake for the job, but only on a token nobody else wants */
                 answered = atomic_load(&pool->spin_until);
                 linger_until = answered;
