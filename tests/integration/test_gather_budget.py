@@ -248,3 +248,20 @@ def test_prefill_gathers_is_checked_before_anything_starts(tmp_path):
                           "--socket", f"ipc://{tmp_path}/s.sock", "--shm-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "'low' is not one of" in run.stderr, run
+
+
+def test_a_rank_moved_to_a_daemon_that_asks_for_a_crew_starts_one(daemon_factory, ranks):
+    first = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0")
+    first.wait_state("ready")
+    group = ranks(first.endpoint, [(8192, 0, 2)])
+    pid = group.ready[0]["pid"]
+    assert crew_policies(pid) == [] and "SCHED_IDLE" not in group.ready[0]["words"]
+    group.go()
+    first.kill(signal.SIGKILL)
+    second = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0", "--prefill-gathers", "idle")
+    second.wait_state("ready")
+    wait_for(lambda: crew_policies(pid) == [os.SCHED_IDLE] * 2, "the rank's crew after its move", 30)
+    wait_for(lambda: ((second.status()["clients"] or [{}])[0].get("budget") or {}).get("prefill_threads") == 2,
+             "its prefill threads in the new daemon's status", 30)
+    group.stop()
+    group.results()  # every row exact, before and after the move
