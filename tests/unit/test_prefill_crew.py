@@ -43,8 +43,17 @@ def open_budget(flags: int):
         os.close(fd)
 
 
-def settle() -> None:
-    time.sleep(0.05)  # workers linger 50 us after a job; let every thread fall asleep
+def settle(tids: set[int] = frozenset()) -> None:
+    """Until every thread of ``tids`` has fallen asleep: workers linger 50 us after a job, and a crew
+    thread beside busy threads may wait long for the CPU to finish doing so (bounded: 10 s)."""
+    time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while tids and time.monotonic() < deadline:
+        before = cpu_ns(tids)
+        time.sleep(0.05)
+        if cpu_ns(tids) == before:
+            return
+    assert not tids or time.monotonic() < deadline, "the pool's threads did not fall asleep within 10 s"
 
 
 def test_a_budget_that_asks_gets_a_crew_at_sched_idle_and_its_workers_stay_normal(table):
@@ -81,7 +90,7 @@ def test_prefill_jobs_go_to_the_crew_and_decode_jobs_to_the_workers_byte_exact(t
             np.testing.assert_array_equal(out, table[ids])
         crew_spent = cpu_ns(crew) - crew_before
         assert crew_spent > 0, "the crew gathered nothing of three prefill-size jobs"
-        settle()
+        settle(crew | workers)
         crew_before, workers_before = cpu_ns(crew), cpu_ns(workers)
         for _ in range(20):
             ids = rng.integers(0, ROWS, DECODE).astype(np.int32)
@@ -114,7 +123,7 @@ def test_without_the_rule_there_is_no_crew_and_a_new_daemon_can_ask_for_one(tabl
         np.testing.assert_array_equal(out, table[ids])
         assert bad == 0 and cpu_ns(crew) > spent
         assert pool.set_budget(open_budget(0))  # and one without it: prefill goes back to the workers
-        settle()
+        settle(crew)
         spent = cpu_ns(crew)
         out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
         np.testing.assert_array_equal(out, table[ids])
