@@ -1,7 +1,7 @@
 """A decode-size lookup's host stage beside ranks that prefill, on the CPU alone: where its time goes.
 
     python -m benchmarks.decode_beside_prefill [--mode eager|graph] [--tokens 2] [--neighbours 2]
-        [--table-gib 2] [--policies normal,batch,idle] [--calls 150] [--hogs 1] [--json out.json]
+        [--table-gib 2] [--policies normal,batch,idle,crew] [--calls 150] [--hogs 1] [--json out.json]
 
 No daemon and no GPU: the parts of the node budget a decode-size call depends on, real.  A budget
 memfd of --tokens tokens (budget_file.create, as the daemon makes it) on CPUs 0..tokens-1, a table
@@ -16,7 +16,10 @@ file of --table-gib random bytes on /dev/shm, and:
               the same budget, looping 393,216-row gathers: ranks that prefill.
 --policies: the neighbours' CPU scheduling policy, one series each: ``normal`` (SCHED_OTHER, what
 ranks run at), ``batch`` (SCHED_BATCH) and ``idle`` (SCHED_IDLE: a prefill's threads give their CPU
-up the moment another thread wakes on it).  For each: the decode call alone and beside the
+up the moment another thread wakes on it), and ``crew``: the product's own way to the same end,
+the neighbours at normal priority on a budget that asks for a prefill crew (engramd
+--prefill-gathers idle: each pool gathers prefill-size jobs on threads of its own at SCHED_IDLE,
+_prefill_crew.h; the decode pool has one too, unused).  For each: the decode call alone and beside the
 neighbours (median, p90, its first chunk, how long its workers sat runnable waiting for a CPU,
 from schedstat), and the neighbours' rows/s with no decode call and with --hogs CPU-bound
 processes of normal priority on the same CPUs (what the policy costs a prefill where other
@@ -148,8 +151,13 @@ def prefill_rates(fd: int, path: str, tokens: int, count: int, policy: str, hogs
     return sum(rates)
 
 
-def series(policy: str, path: str, table: np.ndarray, args) -> dict:
-    fd = budget_file.create([args.tokens])
+SERIES = POLICIES + ("crew",)  # the neighbours' policies, and the budget's prefill crew
+
+
+def series(name: str, path: str, table: np.ndarray, args) -> dict:
+    crew = name == "crew"
+    policy = "normal" if crew else name
+    fd = budget_file.create([args.tokens], flags=budget_file.FLAG_PREFILL_IDLE if crew else 0)
     try:
         budget = _host_gather.NodeBudget(fd, 0, args.tokens, budget_file.MAX_SLOTS)
         pool = _host_gather.GatherPool(args.tokens, caller_gathers=False, budget=budget, cpus=list(range(args.tokens)))
@@ -174,7 +182,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2)
     parser.add_argument("--neighbours", type=int, default=2)
     parser.add_argument("--table-gib", type=float, default=2.0)
-    parser.add_argument("--policies", default="normal,batch,idle", help="the neighbours' CPU scheduling policies")
+    parser.add_argument("--policies", default="normal,batch,idle,crew",
+                        help="the neighbours' CPU scheduling policies, and crew (module docstring)")
     parser.add_argument("--calls", type=int, default=150)
     parser.add_argument("--mode", choices=("eager", "graph"), default="eager",
                         help="a call prepared each time (eager), or one slot replayed (graph)")
@@ -182,9 +191,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="how long each prefill-rate case runs")
     parser.add_argument("--json")
     args = parser.parse_args()
-    unknown = set(args.policies.split(",")) - set(POLICIES)
+    unknown = set(args.policies.split(",")) - set(SERIES)
     if unknown:
-        raise SystemExit(f"--policies: {', '.join(sorted(unknown))} not among {', '.join(POLICIES)}")
+        raise SystemExit(f"--policies: {', '.join(sorted(unknown))} not among {', '.join(SERIES)}")
     if args.tokens > len(os.sched_getaffinity(0)) or not set(range(args.tokens)) <= os.sched_getaffinity(0):
         raise SystemExit(f"--tokens {args.tokens}: CPUs 0..{args.tokens - 1} must all be open to this process")
     fd, path = tempfile.mkstemp(prefix="decode-beside-prefill-", dir="/dev/shm")
