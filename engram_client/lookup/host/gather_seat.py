@@ -82,13 +82,17 @@ def choose_group(groups: list[dict], gpu_node: int | None, allowed: set[int]) ->
 @dataclass
 class GatherSeat:
     threads: int
-    explanation: str
+    words: str  # what the seat means for this rank's pool (take_seat); `explanation` adds the prefill rule's
     budget: Any = None  # _host_gather.NodeBudget, or None: the pool sizes itself alone
     group: dict = field(default_factory=dict)
     cpus: list[int] | None = None  # where the workers are pinned
     budget_id: str | None = None
     pool: Any = None  # the pool open_pool started on this seat
-    prefill_words: str = ""  # the end of the explanation that says what --prefill-gathers means here
+    prefill_words: str = ""  # what the daemon's --prefill-gathers rule means for the pool, once it is open
+
+    @property
+    def explanation(self) -> str:
+        return self.words + self.prefill_words
 
     def report(self) -> dict | None:
         """The counters a heartbeat carries (engramd/gather_budget.py checks them)."""
@@ -118,9 +122,8 @@ class GatherSeat:
         return self.pool
 
     def _say_prefill_crew(self) -> None:
-        """End the explanation with what the daemon's --prefill-gathers rule means for this pool (again
-        after a move to another daemon's budget)."""
-        base = self.explanation[:len(self.explanation) - len(self.prefill_words)]
+        """Say what the daemon's --prefill-gathers rule means for this pool (again after a move to
+        another daemon's budget)."""
         self.prefill_words = ""
         if self.budget is not None and self.budget.prefill_idle:
             threads, error = self.pool.prefill_crew
@@ -134,7 +137,6 @@ class GatherSeat:
                          "prefill gathers at normal priority, and decode-size lookups beside it wait for CPUs")
                 log.warning("engram_client: %s", words)
                 self.prefill_words = "; " + words
-        self.explanation = base + self.prefill_words
 
 
 def _open_budget(spec: dict, group: dict, timeout: float):
