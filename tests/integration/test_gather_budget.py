@@ -151,7 +151,11 @@ def test_a_rank_killed_mid_lookup_gives_its_token_back_and_others_stay_exact(bud
     wait_for(lambda: daemon.status()["clients_total"] == 1, "the dead rank's lease to expire", 30)
     group.stop([1])
     (survivor,) = group.results([1])
-    assert survivor["stats"]["overdraft"] == 0, survivor  # the token came back: no need to gather without one
+    if prefill_gathers == "normal":  # the token came back: no need to gather without one
+        assert survivor["stats"]["overdraft"] == 0, survivor
+    # Not under idle: a crew thread holding the one token, kept off its CPU by any busy thread of
+    # normal priority (another test's, here), keeps it from the survivor until NB_STARVE_NS sends the
+    # survivor to an overdraft (a known cost of the rule: README.md, "The node's gather budget").
     assert budget.group_state()["locked"] == 0
     view.close()
     os.close(fd)
