@@ -56,7 +56,8 @@ class ClientState:
         while not self.stop.wait(interval):
             try:
                 args = self.lease_args()
-                report = self.seat.report() if self.seat is not None and self.mapped is not None else None
+                report = (self.seat.report(self.connection.daemon_version)
+                          if self.seat is not None and self.mapped is not None else None)
                 if report is not None:
                     args["budget"] = report  # counters for status and metrics (protocol 1.3)
                 if self.mapped is not None and self.pool is not None:

@@ -8,6 +8,8 @@ import selectors
 import subprocess
 import sys
 
+from engram_client.core import budget_file
+
 RANK = os.path.join(os.path.dirname(__file__), "budget_rank.py")
 
 
@@ -58,3 +60,20 @@ class Ranks:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=30)
+
+
+def budget_fd(daemon) -> int:
+    """A descriptor of the daemon's budget, received as a rank receives it."""
+    return budget_file.receive(daemon.status()["gather_budget"]["socket"], 5.0)
+
+
+def watcher(daemon):
+    """A seat of the test process's own on the daemon's budget: it never wants a token, it only looks."""
+    from engram_client.lookup.host import _host_gather
+
+    spec = daemon.status()["gather_budget"]
+    fd = budget_file.receive(spec["socket"], 5.0)
+    try:
+        return _host_gather.NodeBudget(fd, 0, spec["groups"][0]["tokens"], budget_file.MAX_SLOTS)
+    finally:
+        os.close(fd)

@@ -14,6 +14,7 @@ import pytest
 from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import EngramError
 from engram_client.tools.serve_process import launch_serve
+from budget_ranks import Ranks
 from waiting import end_process
 
 
@@ -113,6 +114,29 @@ def daemon_factory(socket_dir, shm_dir):
     yield start
     for daemon in started:
         daemon.stop()
+
+
+@pytest.fixture
+def budget_daemon(daemon_factory):
+    """A ready daemon with a gather budget on the CPUs named (and any more arguments)."""
+    def start(cpus: str, *more: str):
+        daemon = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", cpus, *more)
+        daemon.wait_state("ready")
+        return daemon
+    return start
+
+
+@pytest.fixture
+def ranks():
+    """Rank processes of tests/budget_rank.py, killed at the end if a test left them running."""
+    started: list[Ranks] = []
+
+    def start(endpoint, specs) -> Ranks:
+        started.append(Ranks(endpoint, specs))
+        return started[-1]
+    yield start
+    for r in started:
+        r.close()
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ class DaemonConnection:
         self._socket: zmq.Socket | None = None
         self._socket_file: os.stat_result | None = None  # the checked file the socket connected through
         self._ids = itertools.count(1)
+        self.daemon_version: tuple[int, int] | None = None  # as its last reply said: which fields it knows
         self._lock = threading.Lock()
 
     def _check_socket_access(self) -> None:
@@ -159,8 +160,9 @@ class DaemonConnection:
                         self._reset()
                         raise
                 reply = protocol.unpack(frame.bytes, limit=protocol.MAX_REPLY_BYTES)
-                protocol.check_version(reply)
+                version = protocol.check_version(reply)
                 if reply.get("id") == request_id:
+                    self.daemon_version = version
                     break  # anything else is a stale reply to an abandoned request
         if reply.get("ok") is True:
             result = reply.get("result")

@@ -37,7 +37,9 @@ FLAG_PREFILL_IDLE = 1  # the header's flags: ranks gather prefill-size calls at 
 PREFILL_GATHERS = {"normal": 0, "idle": FLAG_PREFILL_IDLE}  # engramd --prefill-gathers: the flags each sets
 _HEADER = struct.Struct(f"<QIIIIII{MAX_GROUPS}I")
 _GROUP_COUNTERS = struct.Struct("<QQQQQQQQQii")  # lock .. sweeps, gathering, peak (NbGroup's first fields)
-_SLOT = struct.Struct("<IIiiiiiiQQQQQQQQ")  # seq, sleepers, want, want_small, held, group, pid, -, last_grant, ...
+# NbSlot: seq, sleepers, want, want_small, held, group, pid, crew_held, last_grant, rows .. small_wait_blocks_max,
+# crew_seen_at, stand_ins, standing_in
+_SLOT = struct.Struct("<IIiiiiiiQQQQQQQQqQi")
 TOKEN_LOCKS = 2 << 30
 SLOT_LOCKS = 1 << 30
 _FLOCK = struct.Struct("hhqqi4x")
@@ -99,7 +101,8 @@ class BudgetView:
     def slot(self, s: int) -> dict:
         values = _SLOT.unpack_from(self._map, SLOTS_AT + s * SLOT_BYTES)
         return {"want": values[2], "held": values[4], "group": values[5], "pid": values[6], "rows": values[9],
-                "small_waits": values[14], "small_wait_blocks_max": values[15]}
+                "small_waits": values[14], "small_wait_blocks_max": values[15], "crew_held": values[7],
+                "stand_ins": values[17], "standing_in": values[18]}
 
     def close(self) -> None:
         self._map.close()

@@ -33,8 +33,9 @@ from .errors import ProtocolError
 # clients_total and the per-peer bounds; 1.3 the node's gather budget (attach, heartbeat, status);
 # 1.4 the hot-row list (attach, status), the HBM row cache's counters (heartbeat, status) and NUMA
 # replicas (attach's numa_node and replicas, status.replicas, clients[].numa_node and replica);
-# 1.5 the gather budget's prefill rule (its header's flags, status, heartbeat's prefill_threads)
-PROTOCOL_VERSION = (1, 5)
+# 1.5 the gather budget's prefill rule (its header's flags, status, heartbeat's prefill_threads);
+# 1.6 heartbeat's stand_ins (decode-size calls gathered in place of a crew thread off its CPU)
+PROTOCOL_VERSION = (1, 6)
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.
@@ -66,7 +67,8 @@ def unpack(frame: bytes, limit: int = MAX_REQUEST_BYTES) -> Any:
     return message
 
 
-def check_version(message: dict[str, Any]) -> None:
+def check_version(message: dict[str, Any]) -> tuple[int, int]:
+    """The message's (major, minor), once it is known compatible; ProtocolError otherwise."""
     version = message.get("v")
     if not isinstance(version, str):
         raise ProtocolError(f"message lacks a protocol version string 'v' (this side speaks {VERSION_STRING})")
@@ -76,6 +78,7 @@ def check_version(message: dict[str, Any]) -> None:
     major = match.group(1)
     if int(major) != PROTOCOL_VERSION[0]:
         raise ProtocolError(f"protocol version {version} is not compatible with {VERSION_STRING} (major differs)")
+    return int(major), int(match.group(2))
 
 
 def request(op: str, request_id: int | str, args: dict[str, Any] | None = None) -> dict[str, Any]:

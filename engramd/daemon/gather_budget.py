@@ -33,7 +33,8 @@ ACCEPT_POLL_S = 0.2
 SEND_TIMEOUT_S = 1.0
 # What a client may report in its heartbeat (engram_client/lookup/host/gather_seat.py): name -> type.
 REPORT_FIELDS = {"slot": int, "group": int, "tokens": int, "threads": int, "cpus": str, "held": int, "rows": int,
-                 "wait_s": float, "acquired": int, "yields": int, "overdraft": int, "prefill_threads": int}
+                 "wait_s": float, "acquired": int, "yields": int, "overdraft": int, "prefill_threads": int,
+                 "stand_ins": int}
 REPORT_CPUS_CHARS = 256
 
 

@@ -23,13 +23,16 @@ def budget_families(status: dict):
                                   ("wait_seconds", "Thread-seconds a client's gather threads waited for tokens"),
                                   ("overdrafts", "Times a client gathered without a token, the tokens kept from it"),
                                   ("prefill_threads", "Threads of a client's pool gathering prefill-size calls at "
-                                                      "SCHED_IDLE (--prefill-gathers idle; 0: none)"))}
+                                                      "SCHED_IDLE (--prefill-gathers idle; 0: none)"),
+                                  ("stand_ins", "Decode-size calls a client gathered in place of a prefill thread "
+                                                "kept off its CPU holding a token"))}
     for client in status.get("clients", []):
         budget = client.get("budget")
         if not budget:
             continue
         labels = [client["id"], "" if client.get("rank") is None else str(client["rank"]), budget.get("cpus", "")]
         for key, field in (("threads", "threads"), ("rows", "rows"), ("wait_seconds", "wait_s"),
-                           ("overdrafts", "overdraft"), ("prefill_threads", "prefill_threads")):
+                           ("overdrafts", "overdraft"), ("prefill_threads", "prefill_threads"),
+                           ("stand_ins", "stand_ins")):
             families[key].add_metric(labels, budget.get(field, 0))
     yield from families.values()

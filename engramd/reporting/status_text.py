@@ -96,6 +96,7 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
             f"{budget.get('cpus')} (group {budget.get('group')}, {budget.get('tokens')} tokens), holds "
             f"{budget.get('held', 0)}; {budget.get('rows', 0):,} rows gathered, {budget.get('wait_s', 0.0):.3f} s "
             f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts"
+            + (f", {budget['stand_ins']} stand-ins for prefill threads off their CPU" if budget.get("stand_ins") else "")
             + (f"; {budget['prefill_threads']} prefill threads at SCHED_IDLE" if budget.get("prefill_threads") else ""))
 
 

@@ -14,40 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from engram_client.lookup.host import _host_gather
 from engram_client.core import budget_file
-from budget_ranks import Ranks
+from budget_ranks import budget_fd, watcher
 from waiting import wait_for
-
-@pytest.fixture
-def budget_daemon(daemon_factory):
-    def start(cpus: str, *more: str):
-        daemon = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", cpus, *more)
-        daemon.wait_state("ready")
-        return daemon
-    return start
-
-
-def watcher(daemon) -> "_host_gather.NodeBudget":
-    """This test process's own seat on the daemon's budget: it never wants a token, it only looks."""
-    spec = daemon.status()["gather_budget"]
-    fd = budget_file.receive(spec["socket"], 5.0)
-    try:
-        return _host_gather.NodeBudget(fd, 0, spec["groups"][0]["tokens"], budget_file.MAX_SLOTS)
-    finally:
-        os.close(fd)
-
-
-@pytest.fixture
-def ranks():
-    started: list[Ranks] = []
-
-    def start(endpoint, specs) -> Ranks:
-        started.append(Ranks(endpoint, specs))
-        return started[-1]
-    yield start
-    for r in started:
-        r.close()
 
 
 def test_busy_ranks_never_gather_on_more_threads_than_tokens(budget_daemon, ranks):
@@ -151,18 +120,14 @@ def test_a_rank_killed_mid_lookup_gives_its_token_back_and_others_stay_exact(bud
     wait_for(lambda: daemon.status()["clients_total"] == 1, "the dead rank's lease to expire", 30)
     group.stop([1])
     (survivor,) = group.results([1])
-    if prefill_gathers == "normal":  # the token came back: no need to gather without one
-        assert survivor["stats"]["overdraft"] == 0, survivor
-    # Not under idle: a crew thread holding the one token, kept off its CPU by any busy thread of
-    # normal priority (another test's, here), keeps it from the survivor until NB_STARVE_NS sends the
-    # survivor to an overdraft (a known cost of the rule: README.md, "The node's gather budget").
+    assert survivor["stats"]["overdraft"] == 0, survivor  # the token came back: no need to gather without one
+    if prefill_gathers == "normal":  # no crew, so nobody to stand in for
+        assert survivor["stats"]["stand_ins"] == 0, survivor
+    # Under idle the survivor may have stood in for the stopped crew thread (not asserted either way:
+    # whether it waited 3 ms for that token depends on when the victim was stopped).
     assert budget.group_state()["locked"] == 0
     view.close()
     os.close(fd)
-
-
-def budget_fd(daemon) -> int:
-    return budget_file.receive(daemon.status()["gather_budget"]["socket"], 5.0)
 
 
 def test_a_peer_that_takes_every_token_stalls_a_rank_only_boundedly(budget_daemon, ranks):
@@ -213,36 +178,6 @@ def test_ranks_gather_through_a_daemon_kill_and_move_to_the_next_daemons_budget(
     group.results()
 
 
-def crew_policies(pid: int) -> list[int]:
-    """The scheduling policy of each prefill-crew thread (named engram-prefill) of process ``pid``."""
-    policies = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/comm") as f:
-            if f.read().strip() == "engram-prefill":
-                policies.append(os.sched_getscheduler(int(task)))
-    return policies
-
-
-def test_prefill_gathers_idle_gives_every_rank_a_crew_at_sched_idle_and_status_says_so(daemon_factory, ranks):
-    daemon = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0-1", "--prefill-gathers", "idle")
-    daemon.wait_state("ready")
-    assert daemon.status()["gather_budget"]["prefill_gathers"] == "idle"
-    group = ranks(daemon.endpoint, [(65536, 4, 0), (6144, 30, 0)])
-    for ready in group.ready:
-        assert "gathered by 2 threads at SCHED_IDLE" in ready["words"], ready["words"]
-        assert crew_policies(ready["pid"]) == [os.SCHED_IDLE] * 2
-    group.go()
-
-    def reported():
-        clients = daemon.status()["clients"]
-        return len(clients) == 2 and all((c.get("budget") or {}).get("prefill_threads") == 2 for c in clients)
-    wait_for(reported, "both clients' prefill threads in status", 30)
-    text = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
-                          capture_output=True, text=True, timeout=30).stdout
-    assert "prefill-size calls gathered at SCHED_IDLE" in text and "2 prefill threads at SCHED_IDLE" in text, text
-    group.results()  # every row of both ranks exact
-
-
 def test_prefill_gathers_is_checked_before_anything_starts(tmp_path):
     run = subprocess.run([sys.executable, "-m", "engramd", "serve", "--gather-cpus", "off",
                           "--prefill-gathers", "idle", "--socket", f"ipc://{tmp_path}/s.sock",
@@ -252,20 +187,3 @@ def test_prefill_gathers_is_checked_before_anything_starts(tmp_path):
                           "--socket", f"ipc://{tmp_path}/s.sock", "--shm-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "'low' is not one of" in run.stderr, run
-
-
-def test_a_rank_moved_to_a_daemon_that_asks_for_a_crew_starts_one(daemon_factory, ranks):
-    first = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0")
-    first.wait_state("ready")
-    group = ranks(first.endpoint, [(8192, 0, 2)])
-    pid = group.ready[0]["pid"]
-    assert crew_policies(pid) == [] and "SCHED_IDLE" not in group.ready[0]["words"]
-    group.go()
-    first.kill(signal.SIGKILL)
-    second = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0", "--prefill-gathers", "idle")
-    second.wait_state("ready")
-    wait_for(lambda: crew_policies(pid) == [os.SCHED_IDLE] * 2, "the rank's crew after its move", 30)
-    wait_for(lambda: ((second.status()["clients"] or [{}])[0].get("budget") or {}).get("prefill_threads") == 2,
-             "its prefill threads in the new daemon's status", 30)
-    group.stop()
-    group.results()  # every row exact, before and after the move

@@ -11,7 +11,7 @@ import pytest
 from engram_client.lookup.host.host_lookup import _host_gather  # with the project's error classes set
 from engram_client.core import budget_file
 from engram_client.core.errors import ConfigError, EngramError, ProtocolError
-from engram_client.lookup.host.gather_seat import choose_group, format_cpus, take_seat
+from engram_client.lookup.host.gather_seat import GatherSeat, choose_group, format_cpus, take_seat
 from engramd.daemon.gather_budget import check_spec, client_report, format_cpu_list, parse_cpu_list, plan_groups
 from fake_sysfs import fake_sysfs
 
@@ -69,6 +69,18 @@ def test_a_heartbeat_report_is_checked_field_by_field():
                      ({"wait_s": "x"}, "must be float"), ([], "must be a map")):
         with pytest.raises(ProtocolError, match=why):
             client_report(bad)
+
+
+def test_a_heartbeat_report_carries_stand_ins_only_to_a_daemon_that_knows_them():
+    fd = budget_file.create([2])
+    try:
+        seat = GatherSeat(2, "words", budget=_host_gather.NodeBudget(fd, 0, 2, budget_file.MAX_SLOTS))
+        assert "stand_ins" not in seat.report(None) and "stand_ins" not in seat.report((1, 5))
+        report = seat.report((1, 6))
+        assert report["stand_ins"] == 0 and client_report(report) == report  # a 1.6 daemon takes it
+        assert set(seat.report((1, 5))) | {"stand_ins"} == set(report)
+    finally:
+        os.close(fd)
 
 
 def test_the_c_scheduler_and_the_daemon_share_one_layout():

@@ -20,20 +20,27 @@ static void budget_wait_chunk(Job *job, int64_t chunk);
 static void nb_unref(struct NodeBudget *budget);
 static int crew_takes(Pool *pool, const Job *job);  /* _prefill_crew.h */
 
+/* Jobs with blocks left, first come first served, and the threads that serve them asleep on `wake`. */
+typedef struct {
+    Job *head;
+    atomic_int listed;             /* jobs on it: read without the lock, as a hint */
+    pthread_cond_t wake;
+    int sleepers;
+} JobList;
+
+enum { WORKERS = 0, CREW = 1 };    /* Pool.lists: the workers', and the prefill crew's (_prefill_crew.h) */
+
 struct Pool {
     pthread_mutex_t lock;
-    pthread_cond_t wake;
-    Job *head;
-    atomic_int listed_jobs, stop;
-    /* The prefill crew (_prefill_crew.h): threads at SCHED_IDLE that take only the jobs listed here. */
-    Job *crew_head;
-    atomic_int listed_crew, ncrew, crew_quit;
-    pthread_cond_t crew_wake;
-    int crew_sleepers, crew_started, crew_error, threads_asked, pinned;
+    JobList lists[2];
+    atomic_int stop;
+    /* The prefill crew (_prefill_crew.h): threads at SCHED_IDLE that take only the jobs of lists[CREW]. */
+    atomic_int ncrew, crew_quit;
+    int crew_started, crew_error, threads_asked, pinned;
     pthread_t *crew;
     cpu_set_t pin;                 /* where the workers (and the crew) run, if pinned */
     atomic_llong spin_until;       /* workers poll, awake, until then (pool_prewake) */
-    int sleepers, nthreads, started;
+    int nthreads, started;
     long generation;               /* fork_generation when the workers started */
     pid_t pid;
     atomic_int refs;               /* the Python object and every StagedJob */
@@ -145,19 +152,19 @@ static int take_block(Job *job) {
 
 /* The first job with blocks left on the workers' list (or the crew's); exhausted jobs are unlisted
  * on the way.  Lock held. */
-static Job *job_with_work_in(Pool *pool, int crew) {
-    Job **link = crew ? &pool->crew_head : &pool->head;
+static Job *job_with_work_in(JobList *list) {
+    Job **link = &list->head;
     while (*link) {
         Job *job = *link;
         if (atomic_load(&job->next_block) < job->nblocks) return job;
         *link = job->next;
         job->listed = 0;
-        atomic_fetch_sub(crew ? &pool->listed_crew : &pool->listed_jobs, 1);
+        atomic_fetch_sub(&list->listed, 1);
     }
     return NULL;
 }
 
-static Job *job_with_work(Pool *pool) { return job_with_work_in(pool, 0); }
+static Job *job_with_work(Pool *pool) { return job_with_work_in(&pool->lists[WORKERS]); }
 
 /* Workers poll the job list while a spin window is open (IDLE_SPIN_NS after their last job, or
  * until pool->spin_until), then sleep on the condition variable: a futex wake-up costs tens of
@@ -167,7 +174,7 @@ static void *worker_main(void *arg) {
     if (pool->budget) return budget_worker_main(pool, 0);  /* node budget hook */
     int64_t idle_until = now_ns() + IDLE_SPIN_NS;
     for (;;) {
-        while (!atomic_load(&pool->listed_jobs) && !atomic_load(&pool->stop)) {
+        while (!atomic_load(&pool->lists[WORKERS].listed) && !atomic_load(&pool->stop)) {
             if (signals_poll(pool)) break;  /* a stream armed a job: it is listed now */
             int64_t now = now_ns();
             if (now >= idle_until && now >= atomic_load(&pool->spin_until)) break;
@@ -181,9 +188,9 @@ static void *worker_main(void *arg) {
             /* No host call announces a graph replay's job: while stream signals are registered, one
              * idle worker watches their words (bounded spin, then naps) instead of sleeping here. */
             if (signals_watch(pool)) continue;
-            pool->sleepers++;
-            pthread_cond_wait(&pool->wake, &pool->lock);
-            pool->sleepers--;
+            pool->lists[WORKERS].sleepers++;
+            pthread_cond_wait(&pool->lists[WORKERS].wake, &pool->lock);
+            pool->lists[WORKERS].sleepers--;
         }
         if (atomic_load(&pool->stop)) {
             pthread_mutex_unlock(&pool->lock);
@@ -205,7 +212,7 @@ static void *worker_main(void *arg) {
 static void pool_prewake(Pool *pool) {
     atomic_store(&pool->spin_until, now_ns() + PREWAKE_NS);
     pthread_mutex_lock(&pool->lock);
-    if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
+    if (pool->lists[WORKERS].sleepers) pthread_cond_broadcast(&pool->lists[WORKERS].wake);
     pthread_mutex_unlock(&pool->lock);
 }
 
@@ -226,13 +233,14 @@ static int job_start(Job *job) {
     pthread_mutex_lock(&pool->lock);
     int crew = job->for_crew = crew_takes(pool, job);
     /* First come, first served: two layers' lookups armed together finish in the order asked. */
-    Job **link = crew ? &pool->crew_head : &pool->head;
+    JobList *list = &pool->lists[crew ? CREW : WORKERS];
+    Job **link = &list->head;
     while (*link) link = &(*link)->next;
     job->next = NULL;
     *link = job;
     job->listed = 1;
-    atomic_fetch_add(crew ? &pool->listed_crew : &pool->listed_jobs, 1);
-    if (crew ? pool->crew_sleepers : pool->sleepers) pthread_cond_broadcast(crew ? &pool->crew_wake : &pool->wake);
+    atomic_fetch_add(&list->listed, 1);
+    if (list->sleepers) pthread_cond_broadcast(&list->wake);
     pthread_mutex_unlock(&pool->lock);
     return 1;
 }
@@ -270,10 +278,11 @@ static void job_unlist(Job *job) {
     Pool *pool = job->pool;
     pthread_mutex_lock(&pool->lock);
     if (job->listed) {
-        for (Job **link = job->for_crew ? &pool->crew_head : &pool->head; *link; link = &(*link)->next)
+        JobList *list = &pool->lists[job->for_crew ? CREW : WORKERS];
+        for (Job **link = &list->head; *link; link = &(*link)->next)
             if (*link == job) {
                 *link = job->next;
-                atomic_fetch_sub(job->for_crew ? &pool->listed_crew : &pool->listed_jobs, 1);
+                atomic_fetch_sub(&list->listed, 1);
                 break;
             }
         job->listed = 0;

@@ -80,7 +80,7 @@ static void pool_stop(Pool *pool) {
     if (!pool->started || atomic_exchange(&pool->stop, 1)) return;
     if (pool->generation != atomic_load(&fork_generation)) return;  /* a child: the threads are not here */
     pthread_mutex_lock(&pool->lock);
-    pthread_cond_broadcast(&pool->wake);
+    pthread_cond_broadcast(&pool->lists[WORKERS].wake);
     pthread_mutex_unlock(&pool->lock);
     for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
     crew_join(pool);
@@ -111,8 +111,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     pthread_mutex_init(&pool->lock, NULL);
-    pthread_cond_init(&pool->wake, NULL);
-    pthread_cond_init(&pool->crew_wake, NULL);
+    for (int l = 0; l < 2; l++) pthread_cond_init(&pool->lists[l].wake, NULL);
     pool->threads_asked = threads, pool->pinned = pinned, pool->pin = pin;
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();

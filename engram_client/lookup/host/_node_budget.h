@@ -38,6 +38,12 @@
  * Waiters sleep on their slot's futex word (bounded: NB_WAIT_NS) and a release wakes the slot
  * that is next.  A slot that has waited NB_STARVE_NS holding nothing (a peer keeps the tokens
  * locked) gathers without a token for NB_OVERDRAFT_NS, counted: no peer stalls a rank for longer.
+ * A decode-size waiter does not wait that long for a token held by a prefill crew thread
+ * (_prefill_crew.h) that is off its CPU: a thread at SCHED_IDLE gets almost no CPU time beside a
+ * busy thread of normal priority, so it may hold its token for seconds without gathering.  Once
+ * no crew thread of the holder's slot has been seen running for NB_CREW_STALL_NS, the waiter
+ * gathers its job in that token's place (a stand-in, counted): no more threads run gathers than
+ * there are tokens, since the one it stands in for is not running.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -70,9 +76,12 @@
 #define NB_QUANTUM_NS 1000000LL        /* the group rotates one token this often, at most */
 #define NB_QUANTUM_MIN_BLOCKS 8
 #define NB_FLOOR_MIN_TOKENS 4          /* from this many tokens a group keeps one for each slot's prefill job */
+#define NB_CREW_STALL_NS 3000000LL      /* a crew thread holding a token, not seen running this long, is off its CPU */
+#define NB_CREW_SEEN_NS 100000LL       /* a running crew thread holding a token says so this often */
 #define NB_FLAG_PREFILL_IDLE 1u        /* the header's flags: prefill-size jobs go to the pools' crews (_prefill_crew.h) */
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
+#define NB_STAND_IN (-3)               /* a decode-size job gathered in place of a crew thread off its CPU */
 
 typedef struct {
     uint64_t magic;
@@ -82,15 +91,19 @@ typedef struct {
 
 typedef struct {
     _Atomic uint32_t seq, sleepers;        /* futex word: bumped to wake this slot's waiting workers */
-    _Atomic int32_t want, want_small, held, group, pid, reserved;
+    _Atomic int32_t want, want_small, held, group, pid;
+    _Atomic int32_t crew_held;             /* of `held`, the tokens its prefill crew holds */
     _Atomic uint64_t last_grant;           /* the group's grant number at this slot's last grant */
     _Atomic uint64_t rows, wait_ns, acquired, yields, overdraft, small_waits, small_wait_blocks_max;
+    _Atomic int64_t crew_seen_at;          /* when a crew thread of it holding a token was last seen running */
+    _Atomic uint64_t stand_ins;            /* its jobs gathered in place of a crew thread off its CPU */
+    _Atomic int32_t standing_in;           /* ... of which gathering now */
 } NbSlot;
 
 typedef struct {
     uint64_t seq, want_mask, small_mask;   /* seq = grant number (0: never written) */
     uint16_t slot, token, held_after;
-    uint8_t small, how;                    /* how: 0 a token, 1 overdraft, 2 refused by the kernel */
+    uint8_t small, how;                    /* how: 0 a token, 1 overdraft, 2 refused by the kernel, 3 a stand-in */
 } NbGrant;
 
 typedef struct {
@@ -120,6 +133,7 @@ typedef struct NodeBudget {
     _Atomic int64_t last_sweep, overdraft_until;
     _Atomic int overdraft_now;
     _Atomic int held_here, want_here, small_here;  /* this process's own counts: what its slot should say */
+    _Atomic int crew_held_here, standing_in_here;
     _Atomic int yielding;                  /* holders of this process giving a token back now */
     atomic_uint cursor;
     atomic_uint done_seq;                  /* waiters sleep on it (process-private futex) */
@@ -201,6 +215,25 @@ static int nb_fair(const NodeBudget *b) {
     return nb_ceil_div(b->tokens, __builtin_popcountll(active));
 }
 
+/* Tokens of the group held by crew threads that no slot has seen running for NB_CREW_STALL_NS, less
+ * the stand-ins gathering for them now (lock held).  Every count is a hint a peer could forge; each
+ * is bounded by what it counts in (a slot's crew by its held tokens), and a stand-in is only ever
+ * one decode-size job of a slot that waited. */
+static int nb_stalled_crew(const NodeBudget *b, int64_t now) {
+    uint64_t holding = atomic_load(&b->g->holding_mask);
+    int stalled = 0, standing = 0;
+    for (int i = 0; i < b->slots; i++) {
+        NbSlot *x = nb_slot(b, i);
+        if (atomic_load(&x->group) != b->group) continue;
+        int in = atomic_load(&x->standing_in);
+        standing += in > 0 && in <= b->tokens ? in : 0;
+        int crew = atomic_load(&x->crew_held), held = atomic_load(&x->held);
+        if (!(holding >> i & 1) || crew <= 0) continue;
+        if (now - atomic_load(&x->crew_seen_at) > NB_CREW_STALL_NS) stalled += crew < held ? crew : held;
+    }
+    return stalled - standing;
+}
+
 /* Whether this slot may take a free token now (lock held). */
 static int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
     NbGroup *g = b->g;
@@ -274,6 +307,7 @@ static void nb_clear_slot(NodeBudget *b, NbGroup *g, int s) {
     uint64_t bit = 1ULL << s;
     NbSlot *x = nb_slot(b, s);
     atomic_store(&x->held, 0), atomic_store(&x->want, 0), atomic_store(&x->want_small, 0);
+    atomic_store(&x->crew_held, 0), atomic_store(&x->standing_in, 0);
     atomic_fetch_and(&g->want_mask, ~bit), atomic_fetch_and(&g->small_mask, ~bit);
     atomic_fetch_and(&g->holding_mask, ~bit);
     for (int t = 0; t < NB_MAX_TOKENS; t++) {

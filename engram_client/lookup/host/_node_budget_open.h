@@ -84,7 +84,7 @@ static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots) {
     atomic_store(&b->s->group, group), atomic_store(&b->s->pid, getpid()), atomic_store(&b->s->last_grant, 0);
     atomic_store(&b->s->rows, 0), atomic_store(&b->s->wait_ns, 0), atomic_store(&b->s->acquired, 0);
     atomic_store(&b->s->yields, 0), atomic_store(&b->s->overdraft, 0), atomic_store(&b->s->small_waits, 0);
-    atomic_store(&b->s->small_wait_blocks_max, 0);
+    atomic_store(&b->s->small_wait_blocks_max, 0), atomic_store(&b->s->stand_ins, 0);
     pthread_mutex_lock(&nb_all_lock);
     if (!atfork_done) {
         pthread_atfork(NULL, NULL, nb_after_fork_in_child);

@@ -29,9 +29,10 @@ static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
 }
 
 static int pool_has_work_in(Pool *pool, int crew) {  /* a listed job with blocks left (exhausted ones are unlisted) */
-    if (!atomic_load(crew ? &pool->listed_crew : &pool->listed_jobs) || atomic_load(&pool->stop)) return 0;
+    JobList *list = &pool->lists[crew ? CREW : WORKERS];
+    if (!atomic_load(&list->listed) || atomic_load(&pool->stop)) return 0;
     pthread_mutex_lock(&pool->lock);
-    int work = job_with_work_in(pool, crew) != NULL;
+    int work = job_with_work_in(list) != NULL;
     pthread_mutex_unlock(&pool->lock);
     return work;
 }
@@ -44,6 +45,11 @@ static int nb_job_has_blocks(void *arg) {
     return atomic_load(&job->next_block) < job->nblocks;
 }
 
+static void worker_release(NodeBudget *b, int tok, int yielded, int crew) {
+    if (crew) nb_crew_hold(b, tok, -1);
+    nb_release(b, tok, yielded);
+}
+
 /* The worker loop of a pool on a budget (the hook in worker_main), and of its prefill crew.  A worker
  * without a token sleeps; it takes one when jobs are listed (or, to answer a pre-wake, when nobody
  * else wants one), gathers while it holds it, yields it at block boundaries when the budget says so,
@@ -51,28 +57,25 @@ static int nb_job_has_blocks(void *arg) {
  * list, and neither answers pre-wakes nor watches stream signals (the workers do, for decode latency). */
 static void *budget_worker_main(Pool *pool, int crew) {
     NodeBudget *b = pool->budget;
-    atomic_int *listed_here = crew ? &pool->listed_crew : &pool->listed_jobs;
-    pthread_cond_t *wake = crew ? &pool->crew_wake : &pool->wake;
-    int *sleepers = crew ? &pool->crew_sleepers : &pool->sleepers;
+    JobList *list = &pool->lists[crew ? CREW : WORKERS];
     int tok = NB_NONE;
     int64_t linger_until = 0, answered = 0;
     while (!atomic_load(&pool->stop) && !(crew && atomic_load(&pool->crew_quit))) {
         if (tok == NB_NONE) {
             b = atomic_load(&pool->budget);  /* a new daemon's budget (set_budget) from the next token on */
             pthread_mutex_lock(&pool->lock);
-            while (!atomic_load(&pool->stop) && !atomic_load(listed_here) && !(crew && atomic_load(&pool->crew_quit))) {
+            while (!atomic_load(&pool->stop) && !atomic_load(&list->listed) && !(crew && atomic_load(&pool->crew_quit))) {
                 int64_t spin = atomic_load(&pool->spin_until);
                 if (!crew && spin != answered && spin > now_ns()) break;
                 /* A graph replay's job is announced by no host call: while stream signals are
                  * registered, one idle worker watches their words instead of sleeping (_signal_watch.h). */
                 if (!crew && signals_watch(pool)) continue;
-                (*sleepers)++;
-                pthread_cond_wait(wake, &pool->lock);
-                (*sleepers)--;
+                list->sleepers++;
+                pthread_cond_wait(&list->wake, &pool->lock);
+                list->sleepers--;
             }
-            int listed = atomic_load(listed_here);
-            Job *head = crew ? pool->crew_head : pool->head;
-            int small = head == NULL || head->n <= b->small_rows;
+            int listed = atomic_load(&list->listed);
+            int small = list->head == NULL || list->head->n <= b->small_rows;
             pthread_mutex_unlock(&pool->lock);
             if (atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit))) break;
             if (!listed && crew) continue;  /* its job was finished by others meanwhile */
@@ -83,20 +86,24 @@ static void *budget_worker_main(Pool *pool, int crew) {
             } else if ((tok = nb_acquire(b, small, crew ? nb_crew_has_work : nb_pool_has_work, pool)) == NB_NONE) {
                 continue;
             }
+            if (crew) nb_crew_hold(b, tok, 1);
         }
-        if (atomic_load(listed_here)) {
+        if (crew && tok >= 0) nb_crew_seen(b);
+        if (atomic_load(&list->listed)) {
             pthread_mutex_lock(&pool->lock);
-            Job *job = job_with_work_in(pool, crew);
+            Job *job = job_with_work_in(list);
             if (job) atomic_fetch_add(&job->users, 1);
             pthread_mutex_unlock(&pool->lock);
             if (job) {
                 int small = job->n <= b->small_rows, yielded = 0;
                 int64_t blocks = 0;
-                while (budget_take_block(b, job, tok >= 0, small))
+                while (budget_take_block(b, job, tok >= 0, small)) {
+                    if (crew) nb_crew_seen(b);
                     if ((yielded = nb_should_yield(b, tok, small, ++blocks))) break;
+                }
                 job_leave(job);  /* the last worker off a signalled job ends its run (_stream_signal.h) */
-                if (yielded) {
-                    nb_release(b, tok, yielded);
+                if (yielded || tok == NB_STAND_IN) {  /* a stand-in is for one job */
+                    worker_release(b, tok, yielded, crew);
                     tok = NB_NONE;
                 }
                 linger_until = now_ns() + IDLE_SPIN_NS;
@@ -109,10 +116,10 @@ static void *budget_worker_main(Pool *pool, int crew) {
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;
         }
-        nb_release(b, tok, 0);
+        worker_release(b, tok, 0, crew);
         tok = NB_NONE;
     }
-    if (tok != NB_NONE) nb_release(b, tok, 0);
+    if (tok != NB_NONE) worker_release(b, tok, 0, crew);
     return NULL;
 }
 

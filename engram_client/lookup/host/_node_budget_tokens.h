@@ -5,8 +5,9 @@ static void nb_sweep(NodeBudget *b) {
     if (now - last < NB_SWEEP_NS || !atomic_compare_exchange_strong(&b->last_sweep, &last, now)) return;
     NbGroup *g = b->g;
     uint64_t marked = atomic_load(&g->want_mask) | atomic_load(&g->small_mask) | atomic_load(&g->holding_mask);
-    for (int s = 0; s < b->slots; s++) {
-        if (s == b->slot || !(marked >> s & 1) || nb_slot_alive(b, s)) continue;
+    for (int s = 0; s < b->slots; s++) {  /* a stand-in holds no token and wants none: its slot is marked apart */
+        int standing = atomic_load(&nb_slot(b, s)->standing_in) != 0 && atomic_load(&nb_slot(b, s)->group) == b->group;
+        if (s == b->slot || !(marked >> s & 1 || standing) || nb_slot_alive(b, s)) continue;
         uint64_t key = nb_glock(b);
         nb_clear_slot(b, g, s);
         nb_gunlock(b, key);
@@ -17,6 +18,8 @@ static void nb_sweep(NodeBudget *b) {
     uint64_t key = nb_glock(b);
     int held = atomic_load(&b->held_here), want = atomic_load(&b->want_here), small = atomic_load(&b->small_here);
     atomic_store(&b->s->held, held), atomic_store(&b->s->want, want), atomic_store(&b->s->want_small, small);
+    atomic_store(&b->s->crew_held, atomic_load(&b->crew_held_here));
+    atomic_store(&b->s->standing_in, atomic_load(&b->standing_in_here));
     held ? atomic_fetch_or(&g->holding_mask, b->bit) : atomic_fetch_and(&g->holding_mask, ~b->bit);
     want ? atomic_fetch_or(&g->want_mask, b->bit) : atomic_fetch_and(&g->want_mask, ~b->bit);
     small ? atomic_fetch_or(&g->small_mask, b->bit) : atomic_fetch_and(&g->small_mask, ~b->bit);
@@ -103,6 +106,10 @@ static void nb_release(NodeBudget *b, int t, int yielded) {
         atomic_fetch_sub(&b->overdraft_now, 1);
         return;
     }
+    if (t == NB_STAND_IN) {
+        atomic_store(&b->s->standing_in, atomic_fetch_sub(&b->standing_in_here, 1) - 1);
+        return;
+    }
     if (t < 0) return;
     if (nb_usable(b)) nb_ofd(b->fd, F_OFD_SETLK, F_UNLCK, NB_TOKEN_LOCK(b->group, t));
     atomic_fetch_and(&b->mine[t / 64], ~(1UL << (t % 64)));
@@ -118,8 +125,38 @@ static void nb_release(NodeBudget *b, int t, int yielded) {
     if (next >= 0) nb_wake_slot(b, next);
 }
 
+/* Whether a decode-size job that has waited NB_CREW_STALL_NS may gather in place of a crew thread
+ * off its CPU: one is stalled that nobody stands in for yet, and this process's stand-ins are below
+ * its fair share.  Decided under the group's lock, so two waiters never take one stalled token. */
+static int nb_stand_in(NodeBudget *b, int64_t now) {
+    uint64_t key = nb_glock(b);
+    int yes = nb_stalled_crew(b, now) > 0 && atomic_load(&b->standing_in_here) < nb_fair(b);
+    if (yes) {
+        atomic_store(&b->s->standing_in, atomic_fetch_add(&b->standing_in_here, 1) + 1);
+        atomic_fetch_add(&b->s->stand_ins, 1);
+        nb_log(b, atomic_fetch_add(&b->g->grants, 1) + 1, NB_STAND_IN, 1, 3);
+    }
+    nb_gunlock(b, key);
+    return yes;
+}
+
+/* Called by a crew thread holding a token: it runs (see nb_stalled_crew). */
+static inline void nb_crew_seen(NodeBudget *b) {
+    int64_t now = now_ns();
+    if (now - atomic_load_explicit(&b->s->crew_seen_at, memory_order_relaxed) > NB_CREW_SEEN_NS)
+        atomic_store(&b->s->crew_seen_at, now);
+}
+
+/* A crew thread took (+1) or gives back (-1) a token: its slot counts those its crew holds. */
+static void nb_crew_hold(NodeBudget *b, int t, int delta) {
+    if (t < 0) return;
+    if (delta > 0) atomic_store(&b->s->crew_seen_at, now_ns());  /* seen before counted: never stalled at once */
+    atomic_store(&b->s->crew_held, atomic_fetch_add(&b->crew_held_here, delta) + delta);
+}
+
 /* Wait (bounded) for a token; NB_NONE once `needed(arg)` says the work is gone, NB_OVERDRAFT when
- * the tokens are kept from this slot (see NB_STARVE_NS). */
+ * the tokens are kept from this slot (see NB_STARVE_NS), NB_STAND_IN for a decode-size job whose
+ * token a crew thread off its CPU holds (nb_stand_in). */
 static int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg) {
     if (!nb_usable(b)) {  /* closed under a job still in flight: its own thread finishes it, unbudgeted */
         atomic_fetch_add(&b->overdraft_now, 1);
@@ -150,6 +187,10 @@ static int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg
                 break;
             }
             atomic_fetch_sub(&b->overdraft_now, 1);
+        }
+        if (small && now - start > NB_CREW_STALL_NS && nb_stand_in(b, now)) {
+            t = NB_STAND_IN;
+            break;
         }
         if (now - start > NB_SWEEP_NS) nb_sweep(b);
         atomic_fetch_add(&b->s->sleepers, 1);

@@ -11,7 +11,9 @@
  * header), a job of more than small_rows rows goes to the crew's list, and the pool's workers, at
  * normal priority, keep the decode-size ones.  The crew draws tokens like the workers, so the budget's
  * count of gathering threads still holds.  What it costs: beside CPU-bound threads of normal
- * priority on the same cores, the crew gathers only in the time they leave.
+ * priority on the same cores, the crew gathers only in the time they leave, and a crew thread
+ * holding a token may not run for seconds: decode-size waiters then stand in for it
+ * (nb_stand_in, _node_budget_tokens.h), which is why a crew thread says it runs (nb_crew_seen).
  */
 
 /* Whether `job` (being listed; pool lock held) goes to the crew. */
@@ -25,7 +27,7 @@ static void *crew_main(void *arg) { return budget_worker_main(arg, 1); }
 static void crew_join(Pool *pool) {
     atomic_store(&pool->ncrew, 0);  /* nothing is listed for it any more */
     pthread_mutex_lock(&pool->lock);
-    pthread_cond_broadcast(&pool->crew_wake);
+    pthread_cond_broadcast(&pool->lists[CREW].wake);
     pthread_mutex_unlock(&pool->lock);
     for (int i = 0; i < pool->crew_started; i++) pthread_join(pool->crew[i], NULL);
     pool->crew_started = 0;

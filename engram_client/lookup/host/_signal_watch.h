@@ -21,7 +21,7 @@ static int signals_watch(Pool *pool) {
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  /* naps of tens of microseconds, not the default 50 us more */
 #endif
     int64_t woken_for = 0;         /* the expected burst the pool was last woken for */
-    while (!atomic_load(&pool->stop) && !atomic_load(&pool->listed_jobs) && atomic_load(&set->count)) {
+    while (!atomic_load(&pool->stop) && !atomic_load(&pool->lists[WORKERS].listed) && atomic_load(&set->count)) {
         if (set_claim_any(set)) break;
         int64_t now = now_ns(), since = now - atomic_load(&set->last_seen_ns);
         if (since < signal_tuning.spin_ns) {
@@ -37,7 +37,7 @@ static int signals_watch(Pool *pool) {
                 if (woken_for != expect) {
                     atomic_store(&pool->spin_until, expect + lead);
                     pthread_mutex_lock(&pool->lock);
-                    if (pool->sleepers) pthread_cond_broadcast(&pool->wake);
+                    if (pool->lists[WORKERS].sleepers) pthread_cond_broadcast(&pool->lists[WORKERS].wake);
                     pthread_mutex_unlock(&pool->lock);
                     woken_for = expect;
                 }

@@ -94,8 +94,9 @@ class GatherSeat:
     def explanation(self) -> str:
         return self.words + self.prefill_words
 
-    def report(self) -> dict | None:
-        """The counters a heartbeat carries (engramd/gather_budget.py checks them)."""
+    def report(self, daemon_version: tuple[int, int] | None = None) -> dict | None:
+        """The counters a heartbeat carries (engramd/gather_budget.py checks them), those the daemon
+        knows: ``daemon_version`` is the protocol version of its replies."""
         if self.budget is None:
             return None
         stats = self.budget.stats()
@@ -109,6 +110,8 @@ class GatherSeat:
                   "overdraft": sane(stats["overdraft"])}
         if self.budget.prefill_idle and self.pool is not None:  # only a 1.5 daemon sets the rule, and knows the field
             report["prefill_threads"] = self.pool.prefill_crew[0]
+        if daemon_version is not None and daemon_version >= (1, 6):
+            report["stand_ins"] = sane(stats["stand_ins"])
         return report
 
     def open_pool(self, signalled: bool = False):
