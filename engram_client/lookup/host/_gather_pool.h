@@ -30,6 +30,10 @@ typedef struct {
 
 enum { WORKERS = 0, CREW = 1 };    /* Pool.lists: the workers', and the prefill crew's (_prefill_crew.h) */
 
+static inline void list_wake(JobList *list) {  /* pool lock held */
+    if (list->sleepers) pthread_cond_broadcast(&list->wake);
+}
+
 struct Pool {
     pthread_mutex_t lock;
     JobList lists[2];
@@ -53,6 +57,8 @@ struct Pool {
     struct NodeBudget *retired[16];     /* budgets of earlier daemons, kept until the pool goes */
     int nretired;
 };
+
+static inline JobList *pool_list(Pool *pool, int crew) { return &pool->lists[crew ? CREW : WORKERS]; }
 
 /* The stream-signal side of a pool (_stream_signal.h, included after this file). */
 static void signal_publish(Job *job);
@@ -212,7 +218,7 @@ static void *worker_main(void *arg) {
 static void pool_prewake(Pool *pool) {
     atomic_store(&pool->spin_until, now_ns() + PREWAKE_NS);
     pthread_mutex_lock(&pool->lock);
-    if (pool->lists[WORKERS].sleepers) pthread_cond_broadcast(&pool->lists[WORKERS].wake);
+    list_wake(&pool->lists[WORKERS]);
     pthread_mutex_unlock(&pool->lock);
 }
 
@@ -233,14 +239,14 @@ static int job_start(Job *job) {
     pthread_mutex_lock(&pool->lock);
     int crew = job->for_crew = crew_takes(pool, job);
     /* First come, first served: two layers' lookups armed together finish in the order asked. */
-    JobList *list = &pool->lists[crew ? CREW : WORKERS];
+    JobList *list = pool_list(pool, crew);
     Job **link = &list->head;
     while (*link) link = &(*link)->next;
     job->next = NULL;
     *link = job;
     job->listed = 1;
     atomic_fetch_add(&list->listed, 1);
-    if (list->sleepers) pthread_cond_broadcast(&list->wake);
+    list_wake(list);
     pthread_mutex_unlock(&pool->lock);
     return 1;
 }
@@ -278,7 +284,7 @@ static void job_unlist(Job *job) {
     Pool *pool = job->pool;
     pthread_mutex_lock(&pool->lock);
     if (job->listed) {
-        JobList *list = &pool->lists[job->for_crew ? CREW : WORKERS];
+        JobList *list = pool_list(pool, job->for_crew);
         for (Job **link = &list->head; *link; link = &(*link)->next)
             if (*link == job) {
                 *link = job->next;

@@ -29,7 +29,7 @@ static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
 }
 
 static int pool_has_work_in(Pool *pool, int crew) {  /* a listed job with blocks left (exhausted ones are unlisted) */
-    JobList *list = &pool->lists[crew ? CREW : WORKERS];
+    JobList *list = pool_list(pool, crew);
     if (!atomic_load(&list->listed) || atomic_load(&pool->stop)) return 0;
     pthread_mutex_lock(&pool->lock);
     int work = job_with_work_in(list) != NULL;
@@ -45,6 +45,10 @@ static int nb_job_has_blocks(void *arg) {
     return atomic_load(&job->next_block) < job->nblocks;
 }
 
+static inline int thread_quits(Pool *pool, int crew) {  /* the pool closes, or (crew) the crew is called off */
+    return atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit));
+}
+
 static void worker_release(NodeBudget *b, int tok, int yielded, int crew) {
     if (crew) nb_crew_hold(b, tok, -1);
     nb_release(b, tok, yielded);
@@ -57,14 +61,14 @@ static void worker_release(NodeBudget *b, int tok, int yielded, int crew) {
  * list, and neither answers pre-wakes nor watches stream signals (the workers do, for decode latency). */
 static void *budget_worker_main(Pool *pool, int crew) {
     NodeBudget *b = pool->budget;
-    JobList *list = &pool->lists[crew ? CREW : WORKERS];
+    JobList *list = pool_list(pool, crew);
     int tok = NB_NONE;
     int64_t linger_until = 0, answered = 0;
-    while (!atomic_load(&pool->stop) && !(crew && atomic_load(&pool->crew_quit))) {
+    while (!thread_quits(pool, crew)) {
         if (tok == NB_NONE) {
             b = atomic_load(&pool->budget);  /* a new daemon's budget (set_budget) from the next token on */
             pthread_mutex_lock(&pool->lock);
-            while (!atomic_load(&pool->stop) && !atomic_load(&list->listed) && !(crew && atomic_load(&pool->crew_quit))) {
+            while (!thread_quits(pool, crew) && !atomic_load(&list->listed)) {
                 int64_t spin = atomic_load(&pool->spin_until);
                 if (!crew && spin != answered && spin > now_ns()) break;
                 /* A graph replay's job is announced by no host call: while stream signals are
@@ -77,7 +81,7 @@ static void *budget_worker_main(Pool *pool, int crew) {
             int listed = atomic_load(&list->listed);
             int small = list->head == NULL || list->head->n <= b->small_rows;
             pthread_mutex_unlock(&pool->lock);
-            if (atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit))) break;
+            if (thread_quits(pool, crew)) break;
             if (!listed && crew) continue;  /* its job was finished by others meanwhile */
             if (!listed) {  /* a pre-wake: be awake for the job, but only on a token nobody else wants */
                 answered = atomic_load(&pool->spin_until);

@@ -37,7 +37,7 @@ static int signals_watch(Pool *pool) {
                 if (woken_for != expect) {
                     atomic_store(&pool->spin_until, expect + lead);
                     pthread_mutex_lock(&pool->lock);
-                    if (pool->lists[WORKERS].sleepers) pthread_cond_broadcast(&pool->lists[WORKERS].wake);
+                    list_wake(&pool->lists[WORKERS]);
                     pthread_mutex_unlock(&pool->lock);
                     woken_for = expect;
                 }

@@ -260,7 +260,7 @@ static int signal_register(Pool *pool, Signal *sig) {
     pthread_mutex_unlock(&signals_init_lock);
     set_add(set, sig);
     pthread_mutex_lock(&pool->lock);  /* a worker asleep with nothing to watch becomes the watcher */
-    if (pool->lists[WORKERS].sleepers) pthread_cond_broadcast(&pool->lists[WORKERS].wake);
+    list_wake(&pool->lists[WORKERS]);
     pthread_mutex_unlock(&pool->lock);
     return 0;
 }
