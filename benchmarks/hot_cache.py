@@ -59,21 +59,27 @@ def install(client, layer: int, budget: int, ranked) -> None:
     rows.hbm_cache = rows._host.cache = cache
 
 
-def run_mode(client, table, calls, warm: int, steps: int) -> dict:
-    pool = client._state.pool
+def measure(pool, calls, warm: int, steps: int, run, timed_run) -> dict:
+    """``run`` the first ``warm`` calls (the recency part learns), then ``timed_run`` (seconds) the
+    next ``steps``, counting the rows the host gathered for those."""
     for ids in calls[:warm]:
-        table.lookup(ids)
+        run(ids)
     torch.cuda.synchronize()
     before = pool.cache_counts[2]
-    times = []
-    for ids in calls[warm:warm + steps]:
+    times = [timed_run(ids) for ids in calls[warm:warm + steps]]
+    fetched = (pool.cache_counts[2] - before) / len(times)
+    return {"median_ms": statistics.median(times) * 1e3, "fetched_per_call": fetched, "ids": calls[0].numel()}
+
+
+def run_mode(client, table, calls, warm: int, steps: int) -> dict:
+    """Eager lookups, each synchronized: the caller's time to the rows, every launch included."""
+    def timed_lookup(ids) -> float:
         torch.cuda.synchronize()
         started = time.perf_counter()
         table.lookup(ids)
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    fetched = (pool.cache_counts[2] - before) / len(times)
-    return {"median_ms": statistics.median(times) * 1e3, "fetched_per_call": fetched, "ids": calls[0].numel()}
+        return time.perf_counter() - started
+    return measure(client._state.pool, calls, warm, steps, table.lookup, timed_lookup)
 
 
 def run_graph(client, table, calls, warm: int, steps: int) -> dict:
@@ -81,24 +87,22 @@ def run_graph(client, table, calls, warm: int, steps: int) -> dict:
     timed by events on the replaying stream (GPU-visible, launches inside the graph)."""
     from engram_client.tools.bench_timing import timed
 
-    pool, stream = client._state.pool, torch.cuda.current_stream()
+    stream = torch.cuda.current_stream()
     static = calls[0].clone()
     graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     side.wait_stream(stream)
     with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
         table.prefetch(static).wait() * 1
     torch.cuda.synchronize()
-    for ids in calls[:warm]:
+
+    def replay(ids) -> None:
         static.copy_(ids)
         graph.replay()
-    torch.cuda.synchronize()
-    before = pool.cache_counts[2]
-    times = []
-    for ids in calls[warm:warm + steps]:
+
+    def timed_replay(ids) -> float:
         static.copy_(ids)
-        times.append(timed(graph.replay, stream)[0] / 1e3)
-    fetched = (pool.cache_counts[2] - before) / len(times)
-    return {"median_ms": statistics.median(times) * 1e3, "fetched_per_call": fetched, "ids": calls[0].numel()}
+        return timed(graph.replay, stream)[0] / 1e3
+    return measure(client._state.pool, calls, warm, steps, replay, timed_replay)
 
 
 def main() -> None:
