@@ -66,9 +66,10 @@ def test_client_reattaches_to_a_restarted_daemon(daemon_factory):
         new_status = second.wait_state("ready")
         assert new_status["boot_id"] != old_status["boot_id"]
 
-        clients = wait_for(lambda: second.status()["clients"], "the client did not re-attach to the restarted daemon", 5.0)
-        assert [c["id"] for c in clients] == [client.client_id]
-        wait_for(lambda: client.boot_id == new_status["boot_id"], "client.boot_id never became the new one", 5.0)
+        # The daemon lists the lease before its reply reaches the client's heartbeat thread, so wait
+        # for the client's side (the boot id, set after the lease id) before comparing the two.
+        wait_for(lambda: client.boot_id == new_status["boot_id"], "the client did not re-attach to the restarted daemon", 5.0)
+        assert [c["id"] for c in second.status()["clients"]] == [client.client_id]
         assert client.attached
 
         # The client still maps the first daemon's table, unlinked when it stopped (the new

@@ -11,6 +11,7 @@ import torch
 from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact
+from waiting import wait_for
 
 
 def test_ranks_survive_kill_9_and_reattach_to_the_readopted_table(daemon_factory):
@@ -28,13 +29,13 @@ def test_ranks_survive_kill_9_and_reattach_to_the_readopted_table(daemon_factory
         print(f"re-adopted and ready {time.monotonic() - started:.2f} s after the process started")
         assert after["adopted"] and after["boot_id"] != before["boot_id"]
         assert after["table_path"] == before["table_path"]
-        deadline = time.monotonic() + 15
-        while len(second.status()["clients"]) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # The daemon lists a lease before its reply reaches the rank's heartbeat thread: wait for the
+        # ranks' side (the boot id, which a re-attach sets last) before comparing.
+        wait_for(lambda: all(client.boot_id == after["boot_id"] for client in clients),
+                 "the three ranks to re-attach to the re-adopting daemon", 15.0)
         listed = second.status()["clients"]
         assert sorted(c["rank"] for c in listed) == [0, 1, 2], listed
         for client in clients:
-            assert client.boot_id == after["boot_id"]
             assert not client.refresh_pending, "the re-adopted file is the one the client maps"
             assert_bf16_exact(client.table(14).lookup(torch.from_numpy(ids)), *demo_rows(0, 14, ids, 256))
     finally:
