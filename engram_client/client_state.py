@@ -94,19 +94,27 @@ class ClientState:
                 self._trouble(f"could not re-attach to engramd: {exc}")
                 return
             mapped = self.mapped
-            self.boot_id, self.lease_lost = reply["boot_id"], False
+            try:
+                path = self.replica(reply)["path"] if mapped is not None else None
+            except EngramError as exc:  # a reply this client cannot use: give its lease back, retry next beat
+                self.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
+                self.lease_lost = True
+                self._trouble(f"could not re-attach to engramd: {exc}")
+                return
             if self.seat is not None and self.pool is not None:
                 from .lookup.host.gather_seat import move_seat
 
                 move_seat(self.seat, self.pool, reply.get("budget"), self.device)  # a new daemon, a new budget
+            if mapped is not None:
+                mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")
+                if (path, reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or not same_file(path, mapped):
+                    self.refresh_pending = True
+                else:
+                    mapped.generation = reply["generation"]
+            # The boot id last: whoever sees the new daemon's boot id also sees the lease it granted.
+            self.boot_id, self.lease_lost = reply["boot_id"], False
             if mapped is None:
                 return
-            mapped.lease_id, mapped.lease_secret = reply["client_id"], reply.get("lease_secret", "")
-            path = self.replica(reply)["path"]
-            if (path, reply["fingerprint"]) != (mapped.path, mapped.fingerprint) or not same_file(path, mapped):
-                self.refresh_pending = True
-            else:
-                mapped.generation = reply["generation"]
             log.info("re-attached to engramd (boot %s) as %s%s%s", reply["boot_id"], mapped.lease_id,
                      "; a refresh is pending" if self.refresh_pending else "", self._recovered())
 

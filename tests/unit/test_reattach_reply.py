@@ -1,0 +1,44 @@
+"""A re-attach whose reply the client cannot use (a malformed replica list) must not end the
+heartbeat thread: the lease it was granted goes back and the next beat tries again.  The real
+daemon never sends such a reply, so the connection here is a stand-in that answers from a script."""
+from __future__ import annotations
+
+import logging
+
+from engram_client.attach.mapped_generation import MappedGeneration
+from engram_client.client_state import ClientState
+
+
+class ScriptedConnection:
+    """Answers each request with the next reply of ``replies``; records what was asked."""
+
+    def __init__(self, replies):
+        self.replies, self.asked, self.daemon_version = list(replies), [], (1, 6)
+
+    def request(self, op, args=None, timeout=None):
+        self.asked.append((op, args))
+        return self.replies.pop(0) if op == "attach" else {}
+
+
+def attach_reply(client_id: str, replicas) -> dict:
+    return {"client_id": client_id, "lease_secret": "s-" + client_id, "boot_id": "boot-2", "generation": 3,
+            "table_path": "/dev/shm/engram-table", "fingerprint": "fp", "replicas": replicas}
+
+
+def test_a_malformed_reattach_reply_gives_its_lease_back_and_the_next_beat_recovers(caplog):
+    good = [{"node": None, "path": "/dev/shm/engram-table"}]
+    connection = ScriptedConnection([attach_reply("c1-bad", [{"node": "zero", "path": 7}]),
+                                     attach_reply("c1-good", good)])
+    state = ClientState(connection)
+    state.boot_id = "boot-1"
+    state.mapped = MappedGeneration(generation=1, path="/dev/shm/engram-table", fingerprint="fp", lease_id="c1-old")
+
+    with caplog.at_level(logging.WARNING, logger="engram_client"):
+        state._reattach()
+    assert state.lease_lost and state.boot_id == "boot-1" and state.mapped.lease_id == "c1-old"
+    assert ("detach", {"client_id": "c1-bad", "secret": "s-c1-bad"}) in connection.asked
+    assert any("replica list is malformed" in r.getMessage() for r in caplog.records)
+
+    state._reattach()
+    assert not state.lease_lost and state.boot_id == "boot-2" and state.mapped.lease_id == "c1-good"
+    assert state.refresh_pending, "the mapping is not the file now served (no such file here): a refresh is due"
