@@ -43,16 +43,26 @@ def open_budget(flags: int):
         os.close(fd)
 
 
+def asleep(tid: int) -> bool:
+    """Whether the thread is blocked in the kernel (state S), not running nor waiting for a CPU (R)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0] == "S"
+
+
 def settle(tids: set[int] = frozenset()) -> None:
-    """Until every thread of ``tids`` has fallen asleep: workers linger 50 us after a job, and a crew
-    thread beside busy threads may wait long for the CPU to finish doing so (bounded: 10 s)."""
+    """Until every thread of ``tids`` is asleep: workers linger 50 us after a job, and a crew thread
+    beside busy threads may wait long for the CPU to finish doing so (bounded: 10 s).  Asleep is the
+    kernel's word, twice 50 ms apart with no CPU time between: a thread kept off its CPU uses none
+    for a while but is not asleep, and it would gather again once it ran."""
     time.sleep(0.05)
     deadline = time.monotonic() + 10
     while tids and time.monotonic() < deadline:
         before = cpu_ns(tids)
-        time.sleep(0.05)
-        if cpu_ns(tids) == before:
-            return
+        if all(asleep(tid) for tid in tids):
+            time.sleep(0.05)
+            if cpu_ns(tids) == before and all(asleep(tid) for tid in tids):
+                return
+        time.sleep(0.01)
     assert not tids or time.monotonic() < deadline, "the pool's threads did not fall asleep within 10 s"
 
 
