@@ -10,6 +10,7 @@ setup(ext_modules=[
         depends=[
             "engram_client/lookup/host/_gather_cuda.h",
             "engram_client/lookup/host/_gather_job.h",
+            "engram_client/lookup/host/_gather_block.h",
             "engram_client/lookup/host/_gather_pool.h",
             "engram_client/lookup/host/_gather_tuning.h",
             "engram_client/lookup/host/_host_gather_staged.h",

@@ -1,5 +1,5 @@
 /* The gather job: the one definition of Job, which the pool (_gather_pool.h) runs and the
- * row fetch (_gather_tuning.h) reads; both include this header, neither includes the other for it.
+ * row copy (_gather_block.h, _gather_tuning.h) reads; each includes this header rather than rely on another for it.
  * Like the other parts of _host_gather.c, it uses what that file includes and defines first
  * (<stdatomic.h>, <stdint.h>, MAX_CHUNKS).
  */

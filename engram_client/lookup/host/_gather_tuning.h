@@ -1,4 +1,4 @@
-/* How the gather fetches and writes rows (included by _gather_pool.h; the Job it reads is _gather_job.h's).
+/* How the gather fetches and writes rows (included by _gather_block.h; the Job it reads is _gather_job.h's).
  *
  * Rows are random, so every row costs a TLB miss and a few cache misses: software prefetch keeps
  * rows in flight, and its settings, with the kind of store that writes staging, are what
