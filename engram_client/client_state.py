@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from .attach.connection import DaemonConnection
-from .core.errors import EngramError, UnknownClientError
+from .core.errors import EngramError, ProtocolError, UnknownClientError
 from .core.numa_nodes import pick_replica
 from .attach.fork_guard import release_in_forked_child
 from .hashing.hasher import UnavailableHasher
@@ -22,6 +22,7 @@ from .attach.mapped_generation import MappedGeneration
 from .lookup.layer_table import LayerTable
 
 log = logging.getLogger("engram_client")
+REATTACH_FIELDS = ("client_id", "boot_id", "fingerprint", "generation")  # what a re-attach reads of the reply
 
 
 class ClientState:
@@ -55,27 +56,35 @@ class ClientState:
     def heartbeat_loop(self, interval: float) -> None:
         while not self.stop.wait(interval):
             try:
-                args = self.lease_args()
-                report = (self.seat.report(self.connection.daemon_version)
-                          if self.seat is not None and self.mapped is not None else None)
-                if report is not None:
-                    args["budget"] = report  # counters for status and metrics (protocol 1.3)
-                if self.mapped is not None and self.pool is not None:
-                    args["cache"] = self.cache_report()  # the HBM cache's counters (protocol 1.4)
-                reply = self.connection.request("heartbeat", args, timeout=interval)
-                self.lease_lost = False
-            except UnknownClientError:
-                self._reattach()
-            except EngramError as exc:
+                self._beat(interval)
+            except Exception as exc:  # a bug or a reply of an unexpected shape: the thread keeping the lease goes on
                 self.lease_lost = True
-                self._trouble(f"heartbeat to engramd failed: {exc}")
-            else:
-                if (note := self._recovered()):
-                    log.info("engramd answers heartbeats again%s", note)
-                if reply.get("boot_id") != self.boot_id:
-                    self._reattach()
-                elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
-                    self.refresh_pending = True
+                self._trouble(f"a heartbeat failed unexpectedly ({type(exc).__name__}: {exc})")
+
+    def _beat(self, interval: float) -> None:
+        """One heartbeat: renew the lease with the counters; re-attach or flag a refresh as the reply says."""
+        try:
+            args = self.lease_args()
+            report = (self.seat.report(self.connection.daemon_version)
+                      if self.seat is not None and self.mapped is not None else None)
+            if report is not None:
+                args["budget"] = report  # counters for status and metrics (protocol 1.3)
+            if self.mapped is not None and self.pool is not None:
+                args["cache"] = self.cache_report()  # the HBM cache's counters (protocol 1.4)
+            reply = self.connection.request("heartbeat", args, timeout=interval)
+            self.lease_lost = False
+        except UnknownClientError:
+            self._reattach()
+        except EngramError as exc:
+            self.lease_lost = True
+            self._trouble(f"heartbeat to engramd failed: {exc}")
+        else:
+            if (note := self._recovered()):
+                log.info("engramd answers heartbeats again%s", note)
+            if reply.get("boot_id") != self.boot_id:
+                self._reattach()
+            elif self.mapped is not None and reply.get("generation") != self.mapped.generation:
+                self.refresh_pending = True
 
     def cache_report(self) -> dict:
         from .lookup.host.hot_cache import cache_report
@@ -95,9 +104,13 @@ class ClientState:
                 return
             mapped = self.mapped
             try:
+                missing = [field for field in REATTACH_FIELDS if field not in reply]
+                if missing:
+                    raise ProtocolError(f"the daemon's attach reply lacks {', '.join(missing)}")
                 path = self.replica(reply)["path"] if mapped is not None else None
             except EngramError as exc:  # a reply this client cannot use: give its lease back, retry next beat
-                self.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
+                if "client_id" in reply:
+                    self.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
                 self.lease_lost = True
                 self._trouble(f"could not re-attach to engramd: {exc}")
                 return
