@@ -4,8 +4,10 @@
     anywhere else      generation 1: 23.2/38.1 MiB loaded (61%), 4.2 MB/s, about 4 s left
 
 The bar ends cleanly: it is drawn at its final value and ends its line before any
-log record is written (a filter on the log handlers sees each record first) and
-when the load ends.  Log lines come every ``LOG_INTERVAL_S`` seconds, so systemd,
+log record is written and when the load ends.  A log handler writing to the bar's own
+stream writes through the bar (``_AfterTheBar``), which ends the line and writes the
+record under one lock, so no redraw can fall between the two; other handlers end the
+line from a filter, which sees each record first.  Log lines come every ``LOG_INTERVAL_S`` seconds, so systemd,
 Kubernetes and log files see a long load move.  The server thread calls
 ``watch(daemon.loading_generation())`` on every poll; the load thread only ever writes log records.
 """
@@ -41,8 +43,13 @@ class ProgressBar:
         self._drawn = False
         self._lock = threading.Lock()
         self._filter = _EndBarFirst(self)
+        self._through_bar: list[logging.StreamHandler] = []  # handlers whose writes now go through _AfterTheBar
         for handler in logging.getLogger().handlers:
-            handler.addFilter(self._filter)
+            if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
+                handler.setStream(_AfterTheBar(self))
+                self._through_bar.append(handler)
+            else:
+                handler.addFilter(self._filter)
 
     def watch(self, generation: Any) -> None:
         """Show ``generation``'s load (None: no load runs)."""
@@ -68,17 +75,42 @@ class ProgressBar:
     def end_line(self) -> None:
         """Draw the bar at its latest value and end its line, if it is on screen."""
         with self._lock:
-            if not self._drawn:
-                return
-            self._draw()
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
+            self._end_line()
+
+    def _end_line(self) -> None:  # with self._lock held
+        if not self._drawn:
+            return
+        self._draw()
+        self.stream.write("\n")
+        self.stream.flush()
+        self._drawn = False
 
     def close(self) -> None:
         self.end_line()
         for handler in logging.getLogger().handlers:
             handler.removeFilter(self._filter)
+        for handler in self._through_bar:
+            if isinstance(handler.stream, _AfterTheBar):
+                handler.setStream(self.stream)
+
+
+class _AfterTheBar:
+    """The bar's stream as a log handler writes to it: each write first ends the bar's line, under
+    the bar's lock (a StreamHandler writes a record and its newline in one call)."""
+
+    def __init__(self, bar: ProgressBar) -> None:
+        self.bar = bar
+
+    def write(self, text: str) -> int:
+        with self.bar._lock:
+            self.bar._end_line()
+            return self.bar.stream.write(text)
+
+    def flush(self) -> None:
+        self.bar.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, name: the stream's own
+        return getattr(self.bar.stream, name)
 
 
 class _EndBarFirst(logging.Filter):
