@@ -71,9 +71,9 @@ def watcher(daemon):
     """A seat of the test process's own on the daemon's budget: it never wants a token, it only looks."""
     from engram_client.lookup.host import _host_gather
 
-    spec = daemon.status()["gather_budget"]
-    fd = budget_file.receive(spec["socket"], 5.0)
+    tokens = daemon.status()["gather_budget"]["groups"][0]["tokens"]
+    fd = budget_fd(daemon)
     try:
-        return _host_gather.NodeBudget(fd, 0, spec["groups"][0]["tokens"], budget_file.MAX_SLOTS)
+        return _host_gather.NodeBudget(fd, 0, tokens, budget_file.MAX_SLOTS)
     finally:
         os.close(fd)

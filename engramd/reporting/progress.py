@@ -7,8 +7,8 @@ The bar ends cleanly: it is drawn at its final value and ends its line before an
 log record is written and when the load ends.  A log handler writing to the bar's own
 stream writes through the bar (``_AfterTheBar``), which ends the line and writes the
 record under one lock, so no redraw can fall between the two; other handlers end the
-line from a filter, which sees each record first.  Log lines come every ``LOG_INTERVAL_S`` seconds, so systemd,
-Kubernetes and log files see a long load move.  The server thread calls
+line from a filter, which sees each record first.  Log lines come every
+``LOG_INTERVAL_S`` seconds, so systemd, Kubernetes and log files see a long load move.  The server thread calls
 ``watch(daemon.loading_generation())`` on every poll; the load thread only ever writes log records.
 """
 from __future__ import annotations

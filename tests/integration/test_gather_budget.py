@@ -159,9 +159,8 @@ def test_a_peer_that_scribbles_over_the_budget_cannot_break_a_rank(budget_daemon
     os.close(fd)
 
 
-def test_ranks_gather_through_a_daemon_kill_and_move_to_the_next_daemons_budget(daemon_factory, ranks):
-    first = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0")
-    first.wait_state("ready")
+def test_ranks_gather_through_a_daemon_kill_and_move_to_the_next_daemons_budget(budget_daemon, ranks):
+    first = budget_daemon("0")
     group = ranks(first.endpoint, [(8192, 0, 2)])
     old = watcher(first)
     group.go()
@@ -169,8 +168,7 @@ def test_ranks_gather_through_a_daemon_kill_and_move_to_the_next_daemons_budget(
     first.kill(signal.SIGKILL)
     grants = old.group_state()["grants"]
     wait_for(lambda: old.group_state()["grants"] > grants, "gathers on the old budget with no daemon", 30)
-    second = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0")  # same socket: it re-adopts
-    second.wait_state("ready")
+    second = budget_daemon("0")  # same socket: it re-adopts
     new = watcher(second)
     wait_for(lambda: new.group_state()["grants"] > 0, "the rank's pool on the new daemon's budget", 30)
     wait_for(lambda: (second.status()["clients"] or [{}])[0].get("budget"), "its counters in the new status", 30)

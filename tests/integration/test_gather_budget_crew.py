@@ -25,9 +25,8 @@ def crew_policies(pid: int) -> list[int]:
     return policies
 
 
-def test_prefill_gathers_idle_gives_every_rank_a_crew_at_sched_idle_and_status_says_so(daemon_factory, ranks):
-    daemon = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0-1", "--prefill-gathers", "idle")
-    daemon.wait_state("ready")
+def test_prefill_gathers_idle_gives_every_rank_a_crew_at_sched_idle_and_status_says_so(budget_daemon, ranks):
+    daemon = budget_daemon("0-1", "--prefill-gathers", "idle")
     assert daemon.status()["gather_budget"]["prefill_gathers"] == "idle"
     group = ranks(daemon.endpoint, [(65536, 4, 0), (6144, 30, 0)])
     for ready in group.ready:
@@ -45,16 +44,14 @@ def test_prefill_gathers_idle_gives_every_rank_a_crew_at_sched_idle_and_status_s
     group.results()  # every row of both ranks exact
 
 
-def test_a_rank_moved_to_a_daemon_that_asks_for_a_crew_starts_one(daemon_factory, ranks):
-    first = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0")
-    first.wait_state("ready")
+def test_a_rank_moved_to_a_daemon_that_asks_for_a_crew_starts_one(budget_daemon, ranks):
+    first = budget_daemon("0")
     group = ranks(first.endpoint, [(8192, 0, 2)])
     pid = group.ready[0]["pid"]
     assert crew_policies(pid) == [] and "SCHED_IDLE" not in group.ready[0]["words"]
     group.go()
     first.kill(signal.SIGKILL)
-    second = daemon_factory("--lease-seconds", "1.5", "--gather-cpus", "0", "--prefill-gathers", "idle")
-    second.wait_state("ready")
+    second = budget_daemon("0", "--prefill-gathers", "idle")
     wait_for(lambda: crew_policies(pid) == [os.SCHED_IDLE] * 2, "the rank's crew after its move", 30)
     wait_for(lambda: ((second.status()["clients"] or [{}])[0].get("budget") or {}).get("prefill_threads") == 2,
              "its prefill threads in the new daemon's status", 30)

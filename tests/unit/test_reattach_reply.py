@@ -33,13 +33,31 @@ def attach_reply(client_id: str, replicas) -> dict:
             "table_path": "/dev/shm/engram-table", "fingerprint": "fp", "replicas": replicas}
 
 
+def state_on(connection) -> ClientState:
+    """A client's state as if attached to an earlier daemon (boot-1), mapping its table."""
+    state = ClientState(connection)
+    state.boot_id = "boot-1"
+    state.mapped = MappedGeneration(generation=1, path="/dev/shm/engram-table", fingerprint="fp", lease_id="c1-old")
+    return state
+
+
+def beat_until_reattached(state: ClientState, what: str) -> None:
+    """Run the heartbeat thread until it re-attached to the new daemon (boot-2); it must still run then."""
+    thread = threading.Thread(target=state.heartbeat_loop, args=(0.01,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: state.boot_id == "boot-2", what, 10.0)
+        assert thread.is_alive()
+    finally:
+        state.stop.set()
+        thread.join(timeout=10)
+
+
 def test_a_malformed_reattach_reply_gives_its_lease_back_and_the_next_beat_recovers(caplog):
     good = [{"node": None, "path": "/dev/shm/engram-table"}]
     connection = ScriptedConnection([attach_reply("c1-bad", [{"node": "zero", "path": 7}]),
                                      attach_reply("c1-good", good)])
-    state = ClientState(connection)
-    state.boot_id = "boot-1"
-    state.mapped = MappedGeneration(generation=1, path="/dev/shm/engram-table", fingerprint="fp", lease_id="c1-old")
+    state = state_on(connection)
 
     with caplog.at_level(logging.WARNING, logger="engram_client"):
         state._reattach()
@@ -56,18 +74,10 @@ def test_a_reattach_reply_missing_a_field_is_refused_whole_and_the_heartbeat_thr
     broken = attach_reply("c1-bad", None)
     del broken["fingerprint"]
     connection = ScriptedConnection([broken, attach_reply("c1-good", None)])
-    state = ClientState(connection)
-    state.boot_id = "boot-1"
-    state.mapped = MappedGeneration(generation=1, path="/dev/shm/engram-table", fingerprint="fp", lease_id="c1-old")
-    thread = threading.Thread(target=state.heartbeat_loop, args=(0.01,), daemon=True)
+    state = state_on(connection)
     with caplog.at_level(logging.WARNING, logger="engram_client"):
-        thread.start()
-        try:
-            wait_for(lambda: state.boot_id == "boot-2", "the second re-attach, after the broken reply", 10.0)
-            assert thread.is_alive() and state.mapped.lease_id == "c1-good"
-        finally:
-            state.stop.set()
-            thread.join(timeout=10)
+        beat_until_reattached(state, "the second re-attach, after the broken reply")
+    assert state.mapped.lease_id == "c1-good"
     assert ("detach", {"client_id": "c1-bad", "secret": "s-c1-bad"}) in connection.asked
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and "attach reply lacks fingerprint" in said[0], said
@@ -82,17 +92,8 @@ def test_the_heartbeat_thread_outlives_an_unexpected_error_in_a_beat(caplog):
             return super().request(op, args, timeout)
 
     connection = Failing([attach_reply("c1-good", None)])
-    state = ClientState(connection)
-    state.boot_id = "boot-1"
-    state.mapped = MappedGeneration(generation=1, path="/dev/shm/engram-table", fingerprint="fp", lease_id="c1-old")
-    thread = threading.Thread(target=state.heartbeat_loop, args=(0.01,), daemon=True)
+    state = state_on(connection)
     with caplog.at_level(logging.WARNING, logger="engram_client"):
-        thread.start()
-        try:
-            wait_for(lambda: state.boot_id == "boot-2", "the re-attach after three failed beats", 10.0)
-            assert thread.is_alive()
-        finally:
-            state.stop.set()
-            thread.join(timeout=10)
+        beat_until_reattached(state, "the re-attach after three failed beats")
     said = [r.getMessage() for r in caplog.records if "failed unexpectedly" in r.getMessage()]
     assert len(said) == 1 and "RuntimeError: a bug in one beat" in said[0], said  # logged once, not at each beat
