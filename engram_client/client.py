@@ -29,7 +29,8 @@ from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerEr
 from .core.protocol import READY
 from .lookup.host.hot_cache import cache_for_view
 from .lookup.uva.hot_rows import HotRowCache
-from .lookup.config import LookupConfig, default_gather_threads
+from .lookup.config import LookupConfig, default_gather_threads, default_max_programs
+from .attach.lease_keeper import LeaseKeeper
 from .attach.mapped_generation import MappedGeneration
 from .attach.readiness import wait_ready
 from .lookup.layer_table import LayerTable
@@ -37,13 +38,6 @@ from .lookup.table import EngramTable
 from .token_rows import hasher_for, prefetch_tokens
 
 log = logging.getLogger("engram_client")
-
-
-def default_max_programs(device: torch.device) -> int:
-    """A quarter of the SMs: measured on an H200, a 393,216-row lookup then runs within 10% of an
-    uncapped grid, while a matmul loop beside it slows 28% instead of 120% (fewer programs slow
-    the lookups and barely help the loop: docs/BENCHMARKS.md)."""
-    return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
 
 
 class EngramClient:
@@ -98,38 +92,42 @@ class EngramClient:
                              "device": str(self.device), "numa_node": state.numa_node}
         reply = state.connection.request("attach", state.attach_args, timeout=min(timeout, 10.0))
         state.boot_id = reply["boot_id"]
-        try:
-            replica = state.replica(reply)
-            state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid,
-                                                 replica)
-        except BaseException:
-            self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
-            raise
-        if len(reply.get("replicas") or ()) > 1:
-            log.info("engram_client: maps the replica of NUMA node %s (%s); this rank's node is %s", replica["node"],
-                     replica["path"], state.numa_node)
-        state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        if self.device.type == "cpu" or self.lookup_config.path != "uva":
-            from .lookup.host.gather_seat import take_seat
-            from .lookup.host.host_signal import STREAM_MEMOPS, signalling_for
-
-            if self.device.type == "cuda":
-                self._signalling = signalling_for(self.device)
-            budget = reply.get("budget") if self._use_budget else None
-            state.seat = take_seat(budget, self.device, self._requested_threads, self.lookup_config.gather_threads,
-                                   timeout=min(timeout, 5.0))
-            state.pool = state.seat.open_pool(self._signalling is not None and
-                                              self._signalling.mode == STREAM_MEMOPS)
-            if state.seat.threads != self.lookup_config.gather_threads:
-                self.lookup_config = replace(self.lookup_config, gather_threads=state.seat.threads)
-        for layer, lv in state.mapped.layers.items():
-            state.tables[layer] = self._new_table(lv, state.mapped)
-        state.hasher = hasher_for(state.mapped)
+        with LeaseKeeper(state.connection, reply):  # mapping and registering may outlast the lease
+            try:
+                replica = state.replica(reply)
+                state.mapped = MappedGeneration.open(reply, self.device, self._row_ranges,
+                                                     state.connection.daemon_uid, replica)
+            except BaseException:
+                self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
+                raise
+            if len(reply.get("replicas") or ()) > 1:
+                log.info("engram_client: maps the replica of NUMA node %s (%s); this rank's node is %s",
+                         replica["node"], replica["path"], state.numa_node)
+            state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            if self.device.type == "cpu" or self.lookup_config.path != "uva":
+                self._take_seat(reply.get("budget") if self._use_budget else None, timeout)
+            for layer, lv in state.mapped.layers.items():
+                state.tables[layer] = self._new_table(lv, state.mapped)
+            state.hasher = hasher_for(state.mapped)
         if heartbeat:
             interval = max(0.2, reply["lease_seconds"] / 3)
             state.heartbeat_thread = threading.Thread(target=state.heartbeat_loop, args=(interval,),
                                                       name="engram-client-heartbeat", daemon=True)
             state.heartbeat_thread.start()
+
+    def _take_seat(self, budget: dict | None, timeout: float) -> None:
+        """The host path's gather pool, on its seat on the node's budget (or sized alone)."""
+        from .lookup.host.gather_seat import take_seat
+        from .lookup.host.host_signal import STREAM_MEMOPS, signalling_for
+
+        state = self._state
+        if self.device.type == "cuda":
+            self._signalling = signalling_for(self.device)
+        state.seat = take_seat(budget, self.device, self._requested_threads, self.lookup_config.gather_threads,
+                               timeout=min(timeout, 5.0))
+        state.pool = state.seat.open_pool(self._signalling is not None and self._signalling.mode == STREAM_MEMOPS)
+        if state.seat.threads != self.lookup_config.gather_threads:
+            self.lookup_config = replace(self.lookup_config, gather_threads=state.seat.threads)
 
     def _new_table(self, lv, mapped) -> LayerTable:
         """A table with this client's lookup config, for one layer's view (warmed on CUDA: the
@@ -173,31 +171,32 @@ class EngramClient:
                 state.refresh_pending = False
                 return False
             reply = state.connection.request("attach", state.attach_args, timeout=10.0)
-            try:
-                new = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid,
-                                            state.replica(reply))
+            with LeaseKeeper(state.connection, reply):  # until the new lease is the client's (heartbeat thread)
                 try:
-                    new_hasher = hasher_for(new)
+                    new = MappedGeneration.open(reply, self.device, self._row_ranges, state.connection.daemon_uid,
+                                                state.replica(reply))
+                    try:
+                        new_hasher = hasher_for(new)
+                    except BaseException:
+                        new.release()
+                        raise
                 except BaseException:
-                    new.release()
+                    self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
                     raise
-            except BaseException:
-                self._state.detach_quietly(reply["client_id"], reply.get("lease_secret", ""))
-                raise
-            if state.stream is not None:
-                state.stream.synchronize()  # no kernel may still read the old pages
-            for layer in list(state.tables):
-                if layer not in new.layers:
-                    state.tables.pop(layer)._retire(f"layer {layer} is not in generation {new.generation}")
-            for layer, lv in new.layers.items():
-                if layer in state.tables:
-                    state.tables[layer].release()  # graphs captured on the old rows must not read them
-                    hbm = cache_for_view(self.lookup_config, lv, new, self.device, state.pool, state.stream)
-                    state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view, hbm)
-                else:
-                    state.tables[layer] = self._new_table(lv, new)
-            state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
-            state.hasher = new_hasher
+                if state.stream is not None:
+                    state.stream.synchronize()  # no kernel may still read the old pages
+                for layer in list(state.tables):
+                    if layer not in new.layers:
+                        state.tables.pop(layer)._retire(f"layer {layer} is not in generation {new.generation}")
+                for layer, lv in new.layers.items():
+                    if layer in state.tables:
+                        state.tables[layer].release()  # graphs captured on the old rows must not read them
+                        hbm = cache_for_view(self.lookup_config, lv, new, self.device, state.pool, state.stream)
+                        state.tables[layer]._swap(lv.layout, lv.view, lv.lo, lv.hi, lv.host_view, hbm)
+                    else:
+                        state.tables[layer] = self._new_table(lv, new)
+                state.mapped, state.boot_id, state.refresh_pending = new, reply["boot_id"], False
+                state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id, old.lease_secret)
             old.release()
             log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)

@@ -33,6 +33,13 @@ UVA_FIXED_S = 300e-6
 UVA_MARGIN = 2.0
 
 
+def default_max_programs(device: torch.device) -> int:
+    """A quarter of the SMs: measured on an H200, a 393,216-row lookup then runs within 10% of an
+    uncapped grid, while a matmul loop beside it slows 28% instead of 120% (fewer programs slow
+    the lookups and barely help the loop: docs/BENCHMARKS.md)."""
+    return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
+
+
 def default_gather_threads(device: torch.device | str = "cpu") -> int:
     """This rank's share of the cores it may use (one rank per GPU), less one for the engine's
     own thread, at most 16.

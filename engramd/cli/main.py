@@ -201,7 +201,7 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
     require_extra("bench", ["triton"])
     from engram_client.tools.bench import main as run, print_results
 
-    from engram_client.client import default_max_programs
+    from engram_client.lookup.config import default_max_programs
 
     caps = [default_max_programs(torch.device("cuda", 0)) if c.strip() == "default" else (int(c) or None)
             for c in max_programs.split(",") if c.strip()]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engram_client import EngramClient, NotAttachedError
+from engram_client.attach.mapped_generation import MappedGeneration
 from engram_client.core.demo_rows import demo_rows
 from exactness import assert_bf16_exact
 from waiting import wait_for
@@ -45,6 +46,27 @@ def test_idle_client_keeps_its_lease(daemon_factory):
         clients = daemon.status()["clients"]
         assert [c["id"] for c in clients] == [client_id], "the lease was lost (or re-granted) while idle"
         assert client.attached and client.client_id == client_id
+        assert "expired" not in daemon.log()
+        check_rows(client)
+    assert daemon.status()["clients"] == []
+
+
+def test_the_lease_is_kept_while_attaching_takes_longer_than_the_lease(daemon_factory, monkeypatch):
+    # Registering a table with CUDA costs about 0.06 s per GiB, so a 188.8 GiB table attaches in
+    # longer than the default 10 s lease.  There is no CUDA here: the real mapping is delayed by
+    # three leases instead (a sleep standing in for the registration), and the lease must survive.
+    daemon = daemon_factory("--lease-seconds", "1")
+    daemon.wait_state("ready")
+    granted, real_open = [], MappedGeneration.open
+
+    def slow_open(reply, *args, **kwargs):
+        granted.append(reply["client_id"])
+        time.sleep(3.0)
+        return real_open(reply, *args, **kwargs)
+    monkeypatch.setattr(MappedGeneration, "open", staticmethod(slow_open))
+    with EngramClient(endpoint=daemon.endpoint, device="cpu", timeout=30) as client:
+        time.sleep(1.5)  # the heartbeat thread's first beats: a lost lease would be re-attached under a new id
+        assert [c["id"] for c in daemon.status()["clients"]] == granted == [client.client_id]
         assert "expired" not in daemon.log()
         check_rows(client)
     assert daemon.status()["clients"] == []
