@@ -18,13 +18,16 @@ typedef struct Job {
     int64_t *bad_total;            /* caller-owned counter, added to atomically; may be NULL */
     atomic_llong next_block, bad;
     atomic_llong chunk_done[MAX_CHUNKS];
-    atomic_int users;              /* workers currently taking blocks of this job */
+    atomic_int users;              /* workers in this job (job_join, job_leave), | USERS_CLOSED once its run ended */
     Signal *signal;                /* started by a stream and reporting to it (_stream_signal.h), or NULL */
     int listed;
     int for_crew;                  /* listed for the prefill crew (_prefill_crew.h), not the workers */
     struct Job *next;
     Pool *pool;
 } Job;
+
+/* `users` of a signalled job whose run its last worker ended: nobody joins it until it starts again. */
+#define USERS_CLOSED (1 << 30)
 
 /* The classify kernel of the HBM cache (hot_cache_kernels.py) marks its hits so; it never passes a
  * caller's id through unchanged where that id is out of range (it writes -2 instead), so a caller's -1

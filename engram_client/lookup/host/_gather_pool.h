@@ -110,6 +110,24 @@ static Job *job_with_work_in(JobList *list) {
 
 static Job *job_with_work(Pool *pool) { return job_with_work_in(&pool->lists[WORKERS]); }
 
+/* Count this thread among the workers of a job job_with_work_in just found (pool lock held): 0 if
+ * it came too late, its run ended by its last worker meanwhile (job_leave).  Taken back under the
+ * lock, which job_start holds when it resets the count for the next run. */
+static _Atomic int64_t join_pause_ns;  /* tests only (set_join_pause): widens the moment before the count */
+
+static int job_join(Job *job) {
+    const int64_t pause = atomic_load_explicit(&join_pause_ns, memory_order_relaxed);
+    if (pause) {
+        struct timespec ts = {0, (long)pause};
+        nanosleep(&ts, NULL);
+    }
+    if (atomic_fetch_add(&job->users, 1) & USERS_CLOSED) {
+        atomic_fetch_sub(&job->users, 1);
+        return 0;
+    }
+    return 1;
+}
+
 /* Workers poll the job list while a spin window is open (IDLE_SPIN_NS after their last job, or
  * until pool->spin_until), then sleep on the condition variable: a futex wake-up costs tens of
  * microseconds in a VM, as much as a decode-size gather. */
@@ -140,11 +158,10 @@ static void *worker_main(void *arg) {
             pthread_mutex_unlock(&pool->lock);
             return NULL;
         }
-        if (job == NULL) {
+        if (job == NULL || !job_join(job)) {
             pthread_mutex_unlock(&pool->lock);
             continue;
         }
-        atomic_fetch_add(&job->users, 1);
         pthread_mutex_unlock(&pool->lock);
         while (take_block(job)) {}
         job_leave(job);  /* the last worker off a signalled job ends its run */
@@ -169,12 +186,15 @@ static int job_start(Job *job) {
     atomic_store(&job->next_block, 0);
     atomic_store(&job->bad, 0);
     for (int c = 0; c < MAX_CHUNKS; c++) atomic_store(&job->chunk_done[c], 0);
-    atomic_store(&job->users, 0);
     job->listed = job->for_crew = 0;
     Pool *pool = job->pool;
     /* A signalled job has no waiting thread to gather a lone block: the workers take it. */
-    if (pool == NULL || !pool_usable(pool) || (job->nblocks <= 1 && !job->signal)) return 0;
+    if (pool == NULL || !pool_usable(pool) || (job->nblocks <= 1 && !job->signal)) {
+        atomic_store(&job->users, 0);  /* never listed: nobody joins it */
+        return 0;
+    }
     pthread_mutex_lock(&pool->lock);
+    atomic_store(&job->users, 0);  /* opens it again (a closed run's late joiner backs off under this lock) */
     int crew = job->for_crew = crew_takes(pool, job);
     /* First come, first served: two layers' lookups armed together finish in the order asked. */
     JobList *list = pool_list(pool, crew);

@@ -252,22 +252,28 @@ static PyTypeObject PoolType = {
 
 #include "_module_functions.h"
 
-static PyObject *set_leave_pause(PyObject *self, PyObject *arg) {
+/* The tests' pauses (set_leave_pause, set_join_pause): 0..10 ms. */
+static PyObject *set_test_pause(PyObject *arg, _Atomic int64_t *pause, const char *what) {
     long long ns = PyLong_AsLongLong(arg);
     if (ns == -1 && PyErr_Occurred()) return NULL;
     if (ns < 0 || ns > 10000000) {
-        PyErr_Format(PyExc_ValueError, "a leave pause of %lld ns: want 0..10,000,000 (tests only)", ns);
+        PyErr_Format(PyExc_ValueError, "a %s pause of %lld ns: want 0..10,000,000 (tests only)", what, ns);
         return NULL;
     }
-    atomic_store(&leave_pause_ns, ns);
+    atomic_store(pause, ns);
     Py_RETURN_NONE;
 }
+
+static PyObject *set_leave_pause(PyObject *self, PyObject *arg) { return set_test_pause(arg, &leave_pause_ns, "leave"); }
+static PyObject *set_join_pause(PyObject *self, PyObject *arg) { return set_test_pause(arg, &join_pause_ns, "join"); }
 
 static PyMethodDef module_methods[] = {
     {"stream_capturing", stream_capturing, METH_O, "stream_capturing(stream) -> whether it is capturing a graph"},
     {"set_error_classes", set_error_classes, METH_VARARGS, "set_error_classes(base, detached)"},
     {"set_leave_pause", set_leave_pause, METH_O,
      "set_leave_pause(ns): tests only: workers pause ns after leaving a job (0: never; the default)"},
+    {"set_join_pause", set_join_pause, METH_O,
+     "set_join_pause(ns): tests only: workers pause ns, the pool's lock held, between finding a job and joining it"},
     {"set_tuning", set_tuning, METH_VARARGS,
      "set_tuning(near, far, hint, streaming): prefetch whole rows `near` ahead, first lines `far` ahead\n"
      "(0: off), locality hint 0-3; write staging with non-temporal stores (x86-64)"},

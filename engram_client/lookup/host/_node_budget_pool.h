@@ -96,7 +96,7 @@ static void *budget_worker_main(Pool *pool, int crew) {
         if (atomic_load(&list->listed)) {
             pthread_mutex_lock(&pool->lock);
             Job *job = job_with_work_in(list);
-            if (job) atomic_fetch_add(&job->users, 1);
+            if (job && !job_join(job)) job = NULL;
             pthread_mutex_unlock(&pool->lock);
             if (job) {
                 int small = job->n <= b->small_rows, yielded = 0;

@@ -109,31 +109,52 @@ static void signal_run_end(Job *job) {
     signal_try_claim(sig);
 }
 
-/* Tests only (set_leave_pause): how long a worker pauses after its last decrement of a job's users,
- * widening the moment in which a synchronous gather's caller may return and reuse its stack. */
+/* Tests only (set_leave_pause): how long a worker pauses after it has left a job, widening the
+ * moment in which a synchronous gather's caller may return and reuse its stack. */
 static _Atomic int64_t leave_pause_ns;
 
-static void job_leave(Job *job) {
-    /* Read before letting go: a job of pool.gather lives on its caller's stack, and once `users`
-     * is 0 that caller may return, so nothing of such a job may be read after the decrement.
-     * (Reading `signal` after it raced with the return: a rank gathering while other ranks kept
-     * the cores busy crashed on a stale pointer.)  A signalled job lives in its slot's state. */
-    Signal *sig = job->signal;
-    const int last = atomic_fetch_sub(&job->users, 1) == 1;
+static void pause_after_leave(void) {
     const int64_t pause = atomic_load_explicit(&leave_pause_ns, memory_order_relaxed);
     if (pause) {
         struct timespec ts = {0, (long)pause};
         nanosleep(&ts, NULL);
     }
-    if (last && sig && atomic_load(&job->next_block) >= job->nblocks && atomic_load(&sig->active))
-        signal_run_end(job);
+}
+
+/* Leave a job this thread joined (job_join).  A job of pool.gather lives on its caller's stack,
+ * and once `users` is 0 that caller may return, so nothing of such a job is read after the
+ * decrement.  (Reading `signal` after it raced with the return: a rank gathering while other
+ * ranks kept the cores busy crashed on a stale pointer.)  A signalled job lives in its slot's
+ * state, and its run ends when its last worker leaves it with every block taken: that leave is
+ * one transition of `users`, 1 -> USERS_CLOSED, so exactly one thread ends the run, and no thread
+ * joins it afterwards.  Deciding after a plain decrement ended runs twice: a worker that left a
+ * run with blocks still to take (a yield), then lost its CPU, found the slot's next run exhausted
+ * and active when it ran again and ended that one too; and a worker that joined just as the last
+ * one left became a second last worker.  Each time the slot's in_flight fell below zero, and a
+ * run could be ended while its last blocks were still being written (eight ranks of 15 threads
+ * each on 16 CPUs raised "this staging slot is still in use" on the H200 machine). */
+static void job_leave(Job *job) {
+    Signal *sig = job->signal;
+    if (sig == NULL) {
+        atomic_fetch_sub(&job->users, 1);
+        pause_after_leave();
+        return;
+    }
+    for (int n = atomic_load(&job->users);;) {  /* this thread is counted in n, so the job stays its run's */
+        int closing = n == 1 && atomic_load(&job->next_block) >= job->nblocks;
+        if (atomic_compare_exchange_weak(&job->users, &n, closing ? USERS_CLOSED : n - 1)) {
+            pause_after_leave();
+            if (closing && atomic_load(&sig->active)) signal_run_end(job);
+            return;
+        }
+    }
 }
 
 /* Gather a claimed run on this thread alone (a stopped pool's orphans), then end it. */
 static void signal_run_here(Job *job) {
     for (int64_t c = 0; c < job->nchunks; c++) job_wait_chunk(job, c);
     int spins = 0;
-    while (atomic_load(&job->users)) pause_briefly(&spins);
+    while (atomic_load(&job->users) & ~USERS_CLOSED) pause_briefly(&spins);
     signal_run_end(job);
 }
 
