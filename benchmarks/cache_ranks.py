@@ -139,6 +139,13 @@ def main() -> None:
         results["served_ratio"] = results["modes"]["cache"]["node_Mrows_s"] / results["modes"]["none"]["node_Mrows_s"]
         results["host_rows_ratio"] = (results["modes"]["cache"]["node_host_Mrows_s"]
                                       / results["modes"]["none"]["node_host_Mrows_s"])
+        # A rank that ran out of unseen text stopped before the window closed, and the node's rates
+        # count the whole window: they understate that mode, so its ratio is not a measure.
+        results["ran_out"] = sorted(mode for mode, entry in results["modes"].items()
+                                    if any(r["ran_out"] for r in entry["per_rank"]))
+        if results["ran_out"]:
+            print(f"not judged: ranks ran out of text in {', '.join(results['ran_out'])} before the window closed "
+                  "(their rates understate it); give more --text-mib", flush=True)
         write_json(args.json, results)
         print({k: v for k, v in results.items() if k != "modes"})
     finally:
