@@ -27,8 +27,6 @@ class LeaseKeeper:
         self.interval = max(0.2, float(reply["lease_seconds"]) / 3)  # the heartbeat thread's interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engram-client-attach-lease", daemon=True)
-        self.renewals = 0
-        self.failure: str | None = None  # the last renewal's error, if it failed
 
     def __enter__(self) -> "LeaseKeeper":
         self._thread.start()
@@ -43,6 +41,5 @@ class LeaseKeeper:
         while not self._stop.wait(self.interval):
             try:
                 self._connection.request("heartbeat", self._args, timeout=self.interval)
-                self.renewals += 1
-            except EngramError as exc:  # the daemon is gone or dropped the lease: the heartbeat thread re-attaches
-                self.failure = str(exc)
+            except EngramError:  # the daemon is gone or dropped the lease: the heartbeat thread, once started,
+                pass             # finds out at its first beat, re-attaches and says so

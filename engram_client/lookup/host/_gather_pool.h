@@ -110,11 +110,11 @@ static Job *job_with_work_in(JobList *list) {
 
 static Job *job_with_work(Pool *pool) { return job_with_work_in(&pool->lists[WORKERS]); }
 
+static _Atomic int64_t join_pause_ns;  /* tests only (set_join_pause): widens the moment before the count */
+
 /* Count this thread among the workers of a job job_with_work_in just found (pool lock held): 0 if
  * it came too late, its run ended by its last worker meanwhile (job_leave).  Taken back under the
  * lock, which job_start holds when it resets the count for the next run. */
-static _Atomic int64_t join_pause_ns;  /* tests only (set_join_pause): widens the moment before the count */
-
 static int job_join(Job *job) {
     const int64_t pause = atomic_load_explicit(&join_pause_ns, memory_order_relaxed);
     if (pause) {
