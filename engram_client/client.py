@@ -30,7 +30,7 @@ from .core.protocol import READY
 from .lookup.host.hot_cache import cache_for_view
 from .lookup.uva.hot_rows import HotRowCache
 from .lookup.config import LookupConfig, default_gather_threads, default_max_programs
-from .attach.lease_keeper import LeaseKeeper
+from .attach.lease_keeper import LeaseKeeper, heartbeat_interval
 from .attach.mapped_generation import MappedGeneration
 from .attach.readiness import wait_ready
 from .lookup.layer_table import LayerTable
@@ -110,7 +110,7 @@ class EngramClient:
                 state.tables[layer] = self._new_table(lv, state.mapped)
             state.hasher = hasher_for(state.mapped)
         if heartbeat:
-            interval = max(0.2, reply["lease_seconds"] / 3)
+            interval = heartbeat_interval(reply["lease_seconds"])
             state.heartbeat_thread = threading.Thread(target=state.heartbeat_loop, args=(interval,),
                                                       name="engram-client-heartbeat", daemon=True)
             state.heartbeat_thread.start()

@@ -18,13 +18,18 @@ from typing import Any
 from ..core.errors import EngramError
 
 
+def heartbeat_interval(lease_seconds: float) -> float:
+    """How often a lease is renewed: three times a lease, and at most five times a second."""
+    return max(0.2, float(lease_seconds) / 3)
+
+
 class LeaseKeeper:
     """``with LeaseKeeper(connection, reply):`` renews ``reply``'s lease until the block ends."""
 
     def __init__(self, connection, reply: dict[str, Any]):
         self._connection = connection
         self._args = {"client_id": reply["client_id"], "secret": reply.get("lease_secret", "")}
-        self.interval = max(0.2, float(reply["lease_seconds"]) / 3)  # the heartbeat thread's interval
+        self.interval = heartbeat_interval(reply["lease_seconds"])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engram-client-attach-lease", daemon=True)
 
