@@ -110,17 +110,22 @@ static Job *job_with_work_in(JobList *list) {
 
 static Job *job_with_work(Pool *pool) { return job_with_work_in(&pool->lists[WORKERS]); }
 
+/* Tests only: a pause of *ns (0: none) that widens a race window (set_join_pause, set_leave_pause). */
+static void test_pause(_Atomic int64_t *ns) {
+    const int64_t pause = atomic_load_explicit(ns, memory_order_relaxed);
+    if (pause) {
+        struct timespec ts = {0, (long)pause};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static _Atomic int64_t join_pause_ns;  /* tests only (set_join_pause): widens the moment before the count */
 
 /* Count this thread among the workers of a job job_with_work_in just found (pool lock held): 0 if
  * it came too late, its run ended by its last worker meanwhile (job_leave).  Taken back under the
  * lock, which job_start holds when it resets the count for the next run. */
 static int job_join(Job *job) {
-    const int64_t pause = atomic_load_explicit(&join_pause_ns, memory_order_relaxed);
-    if (pause) {
-        struct timespec ts = {0, (long)pause};
-        nanosleep(&ts, NULL);
-    }
+    test_pause(&join_pause_ns);
     if (atomic_fetch_add(&job->users, 1) & USERS_CLOSED) {
         atomic_fetch_sub(&job->users, 1);
         return 0;

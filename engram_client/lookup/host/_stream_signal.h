@@ -113,14 +113,6 @@ static void signal_run_end(Job *job) {
  * moment in which a synchronous gather's caller may return and reuse its stack. */
 static _Atomic int64_t leave_pause_ns;
 
-static void pause_after_leave(void) {
-    const int64_t pause = atomic_load_explicit(&leave_pause_ns, memory_order_relaxed);
-    if (pause) {
-        struct timespec ts = {0, (long)pause};
-        nanosleep(&ts, NULL);
-    }
-}
-
 /* Leave a job this thread joined (job_join).  A job of pool.gather lives on its caller's stack,
  * and once `users` is 0 that caller may return, so nothing of such a job is read after the
  * decrement.  (Reading `signal` after it raced with the return: a rank gathering while other
@@ -137,13 +129,13 @@ static void job_leave(Job *job) {
     Signal *sig = job->signal;
     if (sig == NULL) {
         atomic_fetch_sub(&job->users, 1);
-        pause_after_leave();
+        test_pause(&leave_pause_ns);
         return;
     }
     for (int n = atomic_load(&job->users);;) {  /* this thread is counted in n, so the job stays its run's */
         int closing = n == 1 && atomic_load(&job->next_block) >= job->nblocks;
         if (atomic_compare_exchange_weak(&job->users, &n, closing ? USERS_CLOSED : n - 1)) {
-            pause_after_leave();
+            test_pause(&leave_pause_ns);
             if (closing && atomic_load(&sig->active)) signal_run_end(job);
             return;
         }
