@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from engram_client.lookup.host import _host_gather
-from engram_client.lookup.host.host_lookup import IDS_ON_HOST, open_pool
-from test_stream_signal import ROW_BYTES, ROWS, SimulatedStream, wait_until
+from engram_client.lookup.host.host_lookup import open_pool
+from test_stream_signal import ROW_BYTES, ROWS, SimulatedStream, table, wait_until  # noqa: F401 (table: a fixture)
 
 RUNS, JOIN_PAUSE_NS = 150, 100_000
 
@@ -29,8 +29,7 @@ def late_joiners():
     _host_gather.set_join_pause(0)
 
 
-def test_each_run_ends_once_though_workers_join_as_its_last_worker_leaves(late_joiners):
-    table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+def test_each_run_ends_once_though_workers_join_as_its_last_worker_leaves(table, late_joiners):
     pool = open_pool(8, signalled=True)
     try:
         slot = _host_gather.SignalTestSlot(pool, 6144, ROW_BYTES)
@@ -40,8 +39,7 @@ def test_each_run_ends_once_though_workers_join_as_its_last_worker_leaves(late_j
         for run in range(RUNS):
             n = int(rng.integers(64, 6145))  # from two blocks to 192: some runs end while joiners wait
             ids = rng.integers(0, ROWS, n).astype(np.int32)
-            assert slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_ON_HOST, False, n,
-                                counter.ctypes.data, 4) == 0
+            assert stream.prepare_host_ids(table, ids, counter) == 0
             np.testing.assert_array_equal(stream.run(n), table[ids])
             wait_until(lambda: slot.in_flight <= 0 and not slot.active, f"the end of run {run}")
             assert slot.in_flight == 0, f"run {run} was ended {1 - slot.in_flight} times"

@@ -53,6 +53,11 @@ class SimulatedStream:
                                      f"(word {int(self.word[0]):#x})")
             time.sleep(0)
 
+    def prepare_host_ids(self, table: np.ndarray, ids: np.ndarray, counter: np.ndarray, chunks: int = 4) -> int:
+        """An eager call's prepare with int32 host ids over the whole table (as an enqueue's first part)."""
+        return self.slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_ON_HOST, False, ids.size,
+                                 counter.ctypes.data, chunks)
+
     def run(self, n: int, arm: bool = True) -> np.ndarray:
         """One run as the stream sees it: arm, then each chunk's rows read as soon as its wait passes."""
         if arm:
@@ -125,12 +130,10 @@ def test_an_eager_run_starts_at_once_or_when_armed_and_frees_its_slot_at_its_end
         rng = np.random.default_rng(7)
         for call in range(12):
             ids = rng.integers(0, ROWS, 6144).astype(np.int32)
-            assert slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_ON_HOST, False, ids.size,
-                                counter.ctypes.data, 4) == 0
+            assert stream.prepare_host_ids(table, ids, counter) == 0
             assert slot.in_flight == 1
             with pytest.raises(Exception, match="still in use by an earlier lookup"):
-                slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_ON_HOST, False, ids.size,
-                             counter.ctypes.data, 4)
+                stream.prepare_host_ids(table, ids, counter)
             now = call % 2 == 0
             if now:
                 slot.start_now()  # host ids, staging free: no ARMED from the stream
