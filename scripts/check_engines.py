@@ -5,7 +5,7 @@
 Get the wheels with ``pip download --no-deps vllm==0.34.0`` (and so on; hundreds of MB, so this
 is not part of the test suite).  Nothing of an engine is imported or installed: each wheel is
 read as a zip, its name and version from its METADATA, and each module a fence names is parsed
-from its source (engram_client/integrations/engine_fence.py, ``check_sources``), so any Python
+from its source (engram_client/integrations/fence_sources.py), so any Python
 with engram_client on its path runs it, whatever torch the engine wants.
 
 It prints one line per checked item (``ok`` or ``FAIL``), then one line per fence of the
@@ -23,7 +23,8 @@ import zipfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from engram_client import IntegrationError  # noqa: E402
-from engram_client.integrations.engine_fence import ENGINES, check_sources, engine_fences  # noqa: E402
+from engram_client.integrations.engine_fence import ENGINES, engine_fences  # noqa: E402
+from engram_client.integrations.fence_sources import check_sources  # noqa: E402
 
 
 def wheel_release(wheel: zipfile.ZipFile) -> tuple[str, str]:

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from engram_client import IntegrationError
-from engram_client.integrations.engine_fence import (Fence, check_live, check_sources, fence_for, refuse_failures,
-                                                      shape)
+from engram_client.integrations.engine_fence import Fence, check_live, fence_for, refuse_failures, shape
+from engram_client.integrations.fence_sources import check_sources
 
 HELPERS = """
 SHM_PATH = "/dev/shm"
