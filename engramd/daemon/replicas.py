@@ -57,7 +57,7 @@ def plan_nodes(spec: str, sysfs: str | None = None) -> list[int]:
     if spec == "all":
         nodes = sorted(gpus_by_node(sysfs)) or [node for node, cpus in listed.items() if cpus] or [0]
     else:
-        nodes = parse_cpu_list(spec, "--numa-replicas")
+        nodes = parse_cpu_list(spec, "--numa-replicas", "NUMA node")
         missing = [node for node in nodes if listed and node not in listed]
         if missing:
             raise ConfigError(f"--numa-replicas {spec}: no NUMA node {missing[0]} (this machine has "

@@ -47,7 +47,7 @@ def printed(result: subprocess.CompletedProcess) -> dict[str, tuple[str, str]]:
 @pytest.mark.parametrize("args, env, names", [
     (["--gather-cpus", "4000"], {}, "--gather-cpus 4000: CPUs 4000 are not among"),
     ([], {"ENGRAMD_LOAD_THREADS": "0"}, "ENGRAMD_LOAD_THREADS must be 1..256"),
-    (["--numa-replicas", "x"], {}, "--numa-replicas 'x'"),
+    (["--numa-replicas", "x"], {}, "--numa-replicas 'x': 'x' is not a NUMA node number or a range like 0-1"),
 ])
 def test_print_config_refuses_what_serve_refuses(args, env, names, shm_dir, socket_dir):
     where = ["--socket", f"ipc://{socket_dir}/s.sock", "--shm-dir", shm_dir, *args]
