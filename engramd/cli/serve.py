@@ -4,18 +4,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
 from engram_client.core.errors import EngramError
-
 from engram_client.core.variables import PREFIX
 
 from .settings import SETTINGS, attributed, check_environment, config_option, describe, serve_config
 
 if TYPE_CHECKING:
     from ..daemon.config import ServeConfig
+    from ..shm.fs_check import ShmFilesystem
 
 log = logging.getLogger("engramd")
 
@@ -40,7 +40,12 @@ def _resolved(values: dict[str, Any], config: "ServeConfig", checkpoint: str | N
     return {name: value for name, value in made.items() if value not in (None, []) and value != given[name]}
 
 
-def _checked(ctx: click.Context, values: dict[str, Any]) -> tuple["ServeConfig", Any, dict[str, str]]:
+def _refuse(ctx: click.Context, exc: EngramError) -> NoReturn:
+    click.echo(f"error: {attributed(ctx, str(exc))}", err=True)
+    sys.exit(1)
+
+
+def _checked(ctx: click.Context, values: dict[str, Any]) -> tuple["ServeConfig", "ShmFilesystem", dict[str, str]]:
     """The settings as ``serve`` takes them: the ServeConfig, the shm dir's file system and the
     empty variables let through; ``serve`` and ``--print-config`` both refuse here, alike."""
     from ..shm.fs_check import check_shm_dir
@@ -50,8 +55,7 @@ def _checked(ctx: click.Context, values: dict[str, Any]) -> tuple["ServeConfig",
         config = serve_config(values)
         return config, check_shm_dir(config.shm_dir, values["allow_disk"]), let_through
     except EngramError as exc:
-        click.echo(f"error: {attributed(ctx, str(exc))}", err=True)
-        sys.exit(1)
+        _refuse(ctx, exc)
 
 
 def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
@@ -89,7 +93,6 @@ def serve(ctx: click.Context, config_file: str | None, print_config: bool, **val
     try:
         server = Server(config)
     except EngramError as exc:
-        click.echo(f"error: {attributed(ctx, str(exc))}", err=True)
-        sys.exit(1)
+        _refuse(ctx, exc)
     (log.info if shm.in_memory else log.warning)(shm.describe())
     sys.exit(server.serve_forever())

@@ -4,11 +4,15 @@ from __future__ import annotations
 import grp
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engram_client.core.budget_file import PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.core.endpoints import default_endpoint, pub_endpoint_for
 from engram_client.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .gather_budget import BudgetGroup
 
 
 @dataclass
@@ -37,7 +41,7 @@ class ServeConfig:
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
     replica_nodes: list[int] = field(default_factory=list, init=False)  # from ``numa_replicas``; [] without
-    budget_groups: list = field(default_factory=list, init=False)  # from ``gather_cpus``; [] for off
+    budget_groups: list["BudgetGroup"] = field(default_factory=list, init=False)  # from ``gather_cpus``; [] for off
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
