@@ -55,5 +55,7 @@ def test_sizes_in_the_prose_are_the_daemonsets():
     assert f"plus the {memory // gi}Gi above ({(reservation + memory) // gi}Gi for V4.1)" in README
     assert f"plus {memory // gi}Gi\n({(2 * reservation + memory) // gi}Gi)" in README
     assert f"hugepages={huge // (2 * 2**20)}`" in README  # the boot reservation that hugepages-2Mi takes
+    assert f"the daemon container asks for `hugepages-2Mi: {container['resources']['limits']['hugepages-2Mi']}`" \
+        in " ".join(README.split())
     grace = _environment(container)["ENGRAMD_RETIRE_GRACE_SECONDS"]
     assert f"`--retire-grace-seconds` ({grace} s here)" in README
