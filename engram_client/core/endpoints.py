@@ -9,11 +9,12 @@ import os
 import tempfile
 
 from .errors import ProtocolError
+from .variables import SOCKET
 
 
 def default_endpoint() -> str:
     """$ENGRAMD_SOCKET, else an ipc:// path in a per-user directory (created 0700)."""
-    explicit = os.environ.get("ENGRAMD_SOCKET")
+    explicit = os.environ.get(SOCKET)
     if explicit:
         return explicit
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR")

@@ -26,16 +26,18 @@ def sysfs_root() -> str:
     return os.environ.get(SYSFS_ENV) or "/sys"
 
 
-def parse_cpu_list(text: str, what: str = "--gather-cpus") -> list[int]:
-    """'0-7,16,18-19' -> [0..7, 16, 18, 19]; anything else raises naming the bad part."""
+def parse_cpu_list(text: str, what: str = "--gather-cpus", unit: str = "CPU") -> list[int]:
+    """'0-7,16,18-19' -> [0..7, 16, 18, 19]; anything else raises naming the bad part.
+    ``unit`` says what the numbers are (``NUMA node`` for --numa-replicas' list of nodes)."""
     cpus: set[int] = set()
     for part in text.split(","):
         bounds = part.strip().split("-")
         if not part.strip() or len(bounds) > 2 or not all(b.strip().isdigit() for b in bounds):
-            raise ConfigError(f"{what} {text!r}: {part!r} is not a CPU number or a range like 0-7")
+            example = "0-7" if unit == "CPU" else "0-1"
+            raise ConfigError(f"{what} {text!r}: {part!r} is not a {unit} number or a range like {example}")
         lo, hi = int(bounds[0]), int(bounds[-1])
         if hi < lo or hi > 4095:
-            raise ConfigError(f"{what} {text!r}: range {part!r} is empty or beyond CPU 4095")
+            raise ConfigError(f"{what} {text!r}: range {part!r} is empty or beyond {unit} 4095")
         cpus.update(range(lo, hi + 1))
     return sorted(cpus)
 

@@ -61,13 +61,15 @@ def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
         if wait_s:
             begun = time.monotonic()
             try:  # a failed generation raises NotReadyError, which names its error
-                wait_ready(connection, wait_s, generation=started["generation"])
+                served = wait_ready(connection, wait_s, generation=started["generation"])
             except EngramTimeoutError as exc:
                 if exc.unavailable is not None:
                     raise reach.unanswered(connection.endpoint, "status", time.monotonic() - begun) from exc
                 fail(f"generation {started['generation']} was not served within {time.monotonic() - begun:.1f} s "
                      "(it goes on loading; see engramd status)")
             click.echo(f"generation {started['generation']} is served (after {time.monotonic() - begun:.1f} s)")
+            if served.get("hot_rows_error"):  # a --hot-rows list that does not fit the reloaded table is dropped
+                click.echo(f"generation {started['generation']} is {served['hot_rows_error']}")
     finally:
         connection.close()
 

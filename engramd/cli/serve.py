@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
 from engram_client.core.errors import EngramError
+from engram_client.core.variables import PREFIX
 
-from .settings import SETTINGS, attributed, config_option, describe, serve_config
+from .settings import SETTINGS, attributed, check_environment, config_option, describe, serve_config
 
 if TYPE_CHECKING:
     from ..daemon.config import ServeConfig
+    from ..shm.fs_check import ShmFilesystem
 
 log = logging.getLogger("engramd")
 
@@ -25,26 +28,46 @@ def _with_settings(fn: Callable[..., None]) -> Callable[..., None]:
 
 def _resolved(values: dict[str, Any], config: "ServeConfig", checkpoint: str | None) -> dict[str, Any]:
     """The settings whose value the daemon turns into something else (a default endpoint, an absolute
-    path, the checkpoint it will serve)."""
+    path, the checkpoint it will serve, the budget's CPUs, a default it fills in)."""
+    from engram_client.core.numa_nodes import format_cpu_list
+
+    budget = [cpu for group in config.budget_groups for cpu in group.cpus]
     made = {"socket": config.endpoint, "events_socket": config.events_endpoint, "shm_dir": config.shm_dir,
-            "checkpoint": checkpoint, "reload_root": list(config.reload_roots)}
+            "checkpoint": checkpoint, "reload_root": list(config.reload_roots),
+            "gather_cpus": format_cpu_list(budget) if budget else "off",
+            "demo_vocab_size": config.demo_vocab_size, "progress": config.progress_bar}
     given = {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
     return {name: value for name, value in made.items() if value not in (None, []) and value != given[name]}
 
 
-def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
-    from ..daemon.start_checkpoint import first_checkpoint
+def _refuse(ctx: click.Context, exc: EngramError) -> NoReturn:
+    click.echo(f"error: {attributed(ctx, str(exc))}", err=True)
+    sys.exit(1)
+
+
+def _checked(ctx: click.Context, values: dict[str, Any]) -> tuple["ServeConfig", "ShmFilesystem", dict[str, str]]:
+    """The settings as ``serve`` takes them: the ServeConfig, the shm dir's file system and the
+    empty variables let through; ``serve`` and ``--print-config`` both refuse here, alike."""
     from ..shm.fs_check import check_shm_dir
 
+    let_through = check_environment(os.environ)
     try:
         config = serve_config(values)
-        check_shm_dir(config.shm_dir, values["allow_disk"])
+        return config, check_shm_dir(config.shm_dir, values["allow_disk"]), let_through
     except EngramError as exc:
-        click.echo(describe(ctx, values))
-        click.echo(f"# refused as it stands: {attributed(ctx, str(exc))}")
-        return
+        _refuse(ctx, exc)
+
+
+def _print_config(ctx: click.Context, values: dict[str, Any]) -> None:
+    from ..daemon.start_checkpoint import first_checkpoint
+
+    config, _, let_through = _checked(ctx, values)
     checkpoint, why = first_checkpoint(config)  # what a start now would serve: a recorded reload target wins
-    click.echo(describe(ctx, values, _resolved(values, config, checkpoint), {"checkpoint": why} if why else None))
+    notes = {"checkpoint": why} if why else {}
+    for variable, meaning in let_through.items():
+        name = variable[len(PREFIX):].lower()
+        notes[name] = "; ".join(filter(None, [f"{variable} is {meaning}", notes.get(name)]))
+    click.echo(describe(ctx, values, _resolved(values, config, checkpoint), notes))
 
 
 @click.command()
@@ -59,18 +82,17 @@ def serve(ctx: click.Context, config_file: str | None, print_config: bool, **val
     the TOML file (--config or $ENGRAMD_CONFIG), the default."""
     from ..reporting.logs import setup_logging
     from ..daemon.server import Server
-    from ..shm.fs_check import check_shm_dir
 
     if print_config:
         _print_config(ctx, values)
         return
     setup_logging(values["log_level"], values["log_format"])
+    config, shm, let_through = _checked(ctx, values)
+    for variable, meaning in let_through.items():
+        log.warning("%s is %s", variable, meaning)
     try:
-        config = serve_config(values)
-        shm = check_shm_dir(config.shm_dir, values["allow_disk"])
         server = Server(config)
     except EngramError as exc:
-        click.echo(f"error: {attributed(ctx, str(exc))}", err=True)
-        sys.exit(1)
+        _refuse(ctx, exc)
     (log.info if shm.in_memory else log.warning)(shm.describe())
     sys.exit(server.serve_forever())

@@ -7,7 +7,10 @@ Precedence, highest first (one rule for every setting):
     3. the TOML file (--config FILE or $ENGRAMD_CONFIG)   shm_dir = "/mnt/huge"
     4. the built-in default
 
-A TOML key this table does not know is an error, never ignored.  ``--print-config``
+A TOML key this table does not know is an error, never ignored, and so is an ENGRAMD_* variable
+that no part of engramd reads (engram_client/core/variables.py lists the others) or an empty one
+that ``serve`` reads (click would take it as unset; an empty ENGRAMD_CHECKPOINT serves the demo
+table, with a warning naming it).  ``--print-config``
 shows the effective value of each setting and where it came from, and an error about a
 setting names it where the operator set it: the flag, the variable, or the file and key.  Defaults are
 ServeConfig's, and ``serve_config`` turns the effective values into a ServeConfig:
@@ -15,18 +18,20 @@ a setting is added here (and to ServeConfig, if the daemon uses it) and nowhere 
 """
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import sys
 import tomllib
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import click
 from click.core import ParameterSource
 
 from engram_client.core.budget_file import PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
+from engram_client.core.variables import CONFIG, PREFIX, READERS, setting_variable
 
 from ..daemon.config import ServeConfig
 
@@ -66,7 +71,7 @@ class Setting:
 
     @property
     def envvar(self) -> str:
-        return "ENGRAMD_" + self.name.upper()
+        return setting_variable(self.name)
 
     def option(self):
         flag = self.flag or "--" + self.name.replace("_", "-")
@@ -170,8 +175,30 @@ def load_toml(ctx: click.Context, _param, path: str | None) -> str | None:
     return path
 
 
+def check_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Refuse an ENGRAMD_* variable nothing reads, or an empty one ``serve`` reads, naming it;
+    returns the variables let through although empty, each with what it means."""
+    read_here = {setting.envvar for setting in SETTINGS} | {CONFIG}
+    known = read_here | set(READERS)
+    let_through = {}
+    for name in sorted(environ):
+        if not name.startswith(PREFIX):
+            continue
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise click.UsageError(f"environment variable {name}: no part of engramd reads it"
+                                   + (f" (did you mean {close[0]}?)" if close else "")
+                                   + f"; unset it. Known: {', '.join(sorted(known))}")
+        if name in read_here and not environ[name].strip():
+            if name == BY_NAME["checkpoint"].envvar:  # documented for unit files: empty means the demo table
+                let_through[name] = "set but empty: no checkpoint, the demo table is served"
+                continue
+            raise click.UsageError(f"environment variable {name} is set but empty; give it a value or unset it")
+    return let_through
+
+
 def config_option():
-    return click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="ENGRAMD_CONFIG",
+    return click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar=CONFIG,
                         show_envvar=True, is_eager=True, expose_value=True, callback=load_toml,
                         help="TOML file of settings (keys as the flags, with underscores).")
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 import grp
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engram_client.core.budget_file import PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.core.endpoints import default_endpoint, pub_endpoint_for
 from engram_client.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .gather_budget import BudgetGroup
 
 
 @dataclass
@@ -37,6 +41,7 @@ class ServeConfig:
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
     replica_nodes: list[int] = field(default_factory=list, init=False)  # from ``numa_replicas``; [] without
+    budget_groups: list["BudgetGroup"] = field(default_factory=list, init=False)  # from ``gather_cpus``; [] for off
 
     def __post_init__(self) -> None:
         self.endpoint = self.endpoint or default_endpoint()
@@ -59,9 +64,9 @@ class ServeConfig:
                 raise ConfigError("--numa-node and --numa-replicas both place the table's pages: give one")
             from .replicas import plan_nodes
             self.replica_nodes = plan_nodes(self.numa_replicas)
-        if self.gather_cpus is not None:
-            from .gather_budget import check_spec
-            check_spec(self.gather_cpus)
+        from .gather_budget import check_spec, plan_groups
+        check_spec(self.gather_cpus)
+        self.budget_groups = plan_groups(self.gather_cpus)  # its CPUs checked here, so --print-config refuses them too
         if self.prefill_gathers not in PREFILL_GATHERS:
             raise ConfigError(f"--prefill-gathers must be one of {', '.join(PREFILL_GATHERS)}, got {self.prefill_gathers!r}")
         if self.prefill_gathers != "normal" and self.gather_cpus == "off":

@@ -259,7 +259,7 @@ def serve_budget(config, boot_id: str) -> "GatherBudget | None":
     endpoints only); None where there is none (--gather-cpus off, or not an ipc endpoint)."""
     from engram_client.core import endpoints
 
-    groups = plan_groups(config.gather_cpus)
+    groups = config.budget_groups
     path = endpoints.ipc_path(config.endpoint)
     if not groups or path is None:
         log.info("no gather budget (%s): each rank sizes its own pool",

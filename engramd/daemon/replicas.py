@@ -34,6 +34,7 @@ from typing import Callable
 
 from engram_client.core.errors import ConfigError, EngramError, TableFileError
 from engram_client.core.numa_nodes import node_cpus, parse_cpu_list, sysfs_root
+from engram_client.core.variables import TEST_BIND_NODE
 from engram_client.core.table_file import STATE_WRITING, TableHeader, read_header
 
 from ..loading.loader import RateLimit
@@ -44,7 +45,7 @@ from .gather_budget import gpus_by_node
 from .generation import Replica
 
 log = logging.getLogger("engramd")
-TEST_BIND_ENV = "ENGRAMD_TEST_BIND_NODE"
+TEST_BIND_ENV = TEST_BIND_NODE
 COPY_CHUNK = 64 << 20
 CHECK_SAMPLES = 256
 
@@ -56,7 +57,7 @@ def plan_nodes(spec: str, sysfs: str | None = None) -> list[int]:
     if spec == "all":
         nodes = sorted(gpus_by_node(sysfs)) or [node for node, cpus in listed.items() if cpus] or [0]
     else:
-        nodes = parse_cpu_list(spec, "--numa-replicas")
+        nodes = parse_cpu_list(spec, "--numa-replicas", "NUMA node")
         missing = [node for node in nodes if listed and node not in listed]
         if missing:
             raise ConfigError(f"--numa-replicas {spec}: no NUMA node {missing[0]} (this machine has "

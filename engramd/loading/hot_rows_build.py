@@ -155,14 +155,25 @@ def build_hot_rows(checkpoint: str, texts: list[str], out: str, rows_per_layer: 
     tokenizer = _tokenizer(os.path.join(plan.directory, TOKENIZER_NAME), plan.root)
     counter = RowCounter(plan.layouts, header.hashing)
     keep_history = header.hashing.max_ngram - 1
+    unknown_token = getattr(tokenizer.model, "unk_token", None)
+    unknown_id = tokenizer.token_to_id(unknown_token) if unknown_token else None
+    known = 0  # tokens other than the unknown token: a list counted from none of them ranks nothing real
     for path in texts:
         history = None
         for chunk in text_chunks(path, chunk_chars):
             tokens = np.asarray(tokenizer.encode(chunk, add_special_tokens=False).ids, dtype=np.int64)
+            known += int(tokens.size if unknown_id is None else np.count_nonzero(tokens != unknown_id))
             counter.add(tokens, history, path)
             if tokens.size:
                 tail = np.concatenate([history[0] if history is not None else np.full(keep_history, -1), tokens])
                 history = np.ascontiguousarray(tail[-keep_history:][None, :], dtype=np.int64)
+    if not counter.tokens:
+        raise HotListError(f"the text ({len(texts)} file(s)) holds no tokens: a list counted from it would rank "
+                           "nothing; give text of the kind the engine will serve")
+    if not known:
+        raise HotListError(f"every one of the text's {counter.tokens:,} tokens is the tokenizer's unknown token "
+                           f"{unknown_token!r}: the text is not in this checkpoint's vocabulary, and a list counted "
+                           "from it would rank only the unknown token's rows")
     ranked, layers = {}, []
     for index, layout in enumerate(plan.layouts):
         ids, counts = counter.top(index, rows_to_keep(layout.rows, rows_per_layer, fraction))

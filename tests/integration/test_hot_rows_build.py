@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -128,3 +130,20 @@ def test_a_checkpoint_without_a_tokenizer_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["hot-rows", "build", str(out), str(text), "--out", str(tmp_path / "h")])
     assert result.exit_code == 1
     assert "has no hashing section (no tokenizer.json" in result.stderr
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "holds no tokens"),
+    ("\n  \n\n", "holds no tokens"),
+    ("zzzq qqqz\nxyzzy plugh\n", "every one of the text's 4 tokens is the tokenizer's unknown token '<unk>'"),
+])
+def test_text_that_gives_no_known_token_is_refused_and_nothing_is_written(checkpoint, tmp_path, text, says):
+    """The command as a process: an empty text, or one the tokenizer maps wholly to <unk>, is refused."""
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    out = tmp_path / "hot.list"
+    result = subprocess.run([sys.executable, "-m", "engramd", "hot-rows", "build", str(checkpoint), str(path),
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("error: ") and says in result.stderr, result.stderr
+    assert not out.exists() and "wrote" not in result.stdout

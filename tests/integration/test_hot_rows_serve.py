@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -126,3 +128,21 @@ def test_a_restart_that_re_adopts_the_table_publishes_the_list_again(daemon_fact
     assert status["hot_rows"]["sha256"] == before["sha256"] and hot_files(restarted) == [before["path"]]
     with EngramClient(endpoint=restarted.endpoint, device="cpu") as client:
         assert client._state.mapped.hot_list.sha256 == before["sha256"]
+
+
+def test_reload_wait_says_the_list_was_dropped(daemon_factory, models):
+    """`engramd reload --wait` as a process: served, and served without the list, both said."""
+    root, hot_path = models
+    daemon = daemon_factory("--checkpoint", str(root / "a"), "--hot-rows", str(hot_path))
+    daemon.wait_state("ready")
+    result = subprocess.run([sys.executable, "-m", "engramd", "reload", "--socket", daemon.endpoint,
+                             "--checkpoint", str(root / "b"), "--wait", "60"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("generation 2 is served (after "), lines
+    assert lines[2].startswith(f"generation 2 is served without the hot-row list: {hot_path}: "), lines
+    back = subprocess.run([sys.executable, "-m", "engramd", "reload", "--socket", daemon.endpoint,
+                           "--checkpoint", str(root / "a"), "--wait", "60"], capture_output=True, text=True,
+                          timeout=120)
+    assert back.returncode == 0 and "without the hot-row list" not in back.stdout, back.stdout + back.stderr

@@ -28,7 +28,9 @@ def effective(output: str) -> dict[str, tuple[str, str]]:
 
 def test_precedence_is_flag_then_environment_then_file_then_default(tmp_path):
     config = tmp_path / "engramd.toml"
-    config.write_text('load_threads = 3\nlease_seconds = 7.5\nshm_dir = "/from/file"\nreload_root = ["/a", "/b"]\n')
+    # a settings file serve would take (--print-config refuses what serve refuses): a real shm dir, on disk
+    config.write_text(f'load_threads = 3\nlease_seconds = 7.5\nshm_dir = "{tmp_path}"\nallow_disk = true\n'
+                      'reload_root = ["/a", "/b"]\n')
     runner = CliRunner()
     result = runner.invoke(main, ["serve", "--config", str(config), "--print-config", "--load-threads", "9"],
                            env={"ENGRAMD_LEASE_SECONDS": "4", "ENGRAMD_SOCKET": None})
@@ -36,7 +38,7 @@ def test_precedence_is_flag_then_environment_then_file_then_default(tmp_path):
     got = effective(result.output)
     assert got["load_threads"] == (9, "command line")
     assert got["lease_seconds"] == (4.0, "environment (ENGRAMD_LEASE_SECONDS)")
-    assert got["shm_dir"] == ("/from/file", "config file")
+    assert got["shm_dir"] == (str(tmp_path), "config file")
     assert got["reload_root"] == (["/a", "/b"], "config file")
     assert got["retire_grace_seconds"] == (600.0, "default")
     via_env = runner.invoke(main, ["serve", "--print-config"], env={"ENGRAMD_CONFIG": str(config)})

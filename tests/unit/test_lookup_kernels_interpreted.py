@@ -23,7 +23,7 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 9):
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, torch
-    from engram_client.lookup.uva import lookup_kernel as lookup as L
+    from engram_client.lookup.uva import lookup_kernel as L
     from engram_client.lookup.dequant import dequantize_rows
     from engram_client.lookup.uva.hot_rows import HotRowCache
     from engram_client.lookup.config import LookupConfig

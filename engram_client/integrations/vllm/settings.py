@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 
 from engram_client import IntegrationError
+from engram_client.core.variables import VLLM
 
-ENABLE_VARIABLE = "ENGRAMD_VLLM"
+ENABLE_VARIABLE = VLLM
 # A daemon that answers nothing within this is reported at once (not started, wrong socket)...
 REACH_TIMEOUT_S = 10.0
 # ...one that answers but is still loading is waited for: V4.1's ~200 GB table takes minutes.
