@@ -31,7 +31,6 @@ from .places import Places
 from .zmtp import GREETING_BYTES, OUR_GREETING, Tally, check_greeting, command, parse_properties, ready
 
 HANDSHAKE_FRAME = 4096  # a READY command with its properties
-OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def listen(path: str) -> socket.socket:
