@@ -19,9 +19,9 @@ subscriber, and at most EVENT_OUT_BYTES of events and PONGs wait for one (furthe
 not queued for it: a subscriber that does not read misses events, as with any PUB; a PING
 past it cuts the subscriber, which sends and does not read).
 
-Connections (places.py): the daemon accepts them itself, READ_BYTES at a time, at most
-ACCEPTS_PER_READ per turn of the server loop; the kernel holds the rest in the listening
-socket's BACKLOG.  A user other than root and the daemon's own has at most 1/USER_SHARE of
+Connections (places.py): the daemon accepts them itself, at most ACCEPTS_PER_READ per turn of
+the server loop (the kernel holds the rest in the listening socket's BACKLOG), and reads each
+READ_BYTES at a time.  A user other than root and the daemon's own has at most 1/USER_SHARE of
 the places; root and the daemon's user have RESERVED_PLACES beyond the limit, so they are
 always answered.  A connection that has not completed the ZMTP handshake within HANDSHAKE_S
 is cut, and so is one that has sent nothing for the idle time the server sets (a few lease
