@@ -5,15 +5,22 @@ any size, requests it never reads the answers to) and, needing neither pyzmq nor
 runs as another user on the system's Python.  Run as a script it is a lease hog: it forks
 PROCESSES children, each opening CONNECTIONS connections and sending ATTACHES attach
 requests on each, and prints how many leases were granted in all (leases outlive the
-connections and processes that took them until they expire).
+connections and processes that took them until they expire).  Run as ``raw_peer.py churn
+PATH CYCLES`` it connects and closes CYCLES times; as ``raw_peer.py hold PATH COUNT
+HANDSHAKE`` it opens COUNT connections (with the DEALER handshake if HANDSHAKE is 1), prints
+how many it opened and how many the daemon still keeps, and holds them HOLD_S seconds (or until
+it is ended).
 """
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import struct
 import sys
+import time
 
+HOLD_S = 120
 GREETING = b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + bytes(32)
 
 
@@ -109,5 +116,57 @@ def main(path: str, processes: int, connections: int, attaches: int, host_chars:
     print(total, flush=True)
 
 
+def churn(path: str, cycles: int) -> None:
+    for _ in range(cycles):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        try:
+            sock.connect(path)
+        except OSError:
+            pass
+        sock.close()
+    print(cycles, flush=True)
+
+
+def plain(path: str) -> socket.socket:
+    """A connection that sends nothing."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def kept(sock: socket.socket) -> bool:
+    """Whether the daemon still keeps this handshaken connection: it answers a PING."""
+    try:
+        sock.sendall(frame(b"\x04PING\x00\x00", command=True))
+        flags, body = recv_frame(sock)
+        return bool(flags & 4) and body.startswith(b"\x04PONG")
+    except OSError:  # cut: closed, reset, or no answer within the socket's timeout
+        return False
+
+
+def hold(path: str, count: int, handshake: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # room for COUNT connections
+    held = []
+    for _ in range(count):
+        try:
+            held.append(connect(path, b"DEALER", timeout=5) if handshake else plain(path))
+        except OSError:  # refused, reset, or the backlog full for 5 s
+            pass
+    print(len(held), sum(kept(sock) for sock in held) if handshake else 0, flush=True)
+    time.sleep(HOLD_S)  # the test ends us sooner
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(arg) for arg in sys.argv[2:6]))
+    if sys.argv[1] == "churn":
+        churn(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "hold":
+        hold(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main(sys.argv[1], *(int(arg) for arg in sys.argv[2:6]))

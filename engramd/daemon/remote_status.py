@@ -8,6 +8,10 @@ the port could read the node's state.  Keys come from ``engramd keys DIR``:
     DIR/client.key, DIR/client.key_secret    a monitoring client's keypair
     DIR/authorized/                          public keys allowed to connect (client.key is put there)
 
+A peer that has not completed the CURVE handshake within HANDSHAKE_S is disconnected (libzmq's
+default, 30 s, let connections that never start one pin a descriptor each), and the server
+counts these connections, handshaken or not, and cuts those past their share (PeerCap).
+
 Owns the TCP socket and its authenticator thread; requests are answered by the server.
 """
 from __future__ import annotations
@@ -21,6 +25,8 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from engram_client.core import protocol
 from engram_client.core.errors import EngramError
+
+from ..wire.bounds import HANDSHAKE_S
 
 
 class CurveConfigError(EngramError):
@@ -67,6 +73,7 @@ class RemoteStatus:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_REQUEST_BYTES)
+        self.socket.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         self.socket.curve_server = True
         self.socket.curve_publickey, self.socket.curve_secretkey = public, secret
         try:

@@ -1,8 +1,10 @@
 """The daemon's ZeroMQ front: a ROUTER for requests, a PUB for state events.
 
-Both are ZMQ_STREAM sockets on which the daemon speaks ZMTP itself and plays the ROUTER
-and the PUB (wire/: what a peer can make it hold is bounded in bytes, and a peer past the
-bounds is cut).  One thread owns both sockets.  It polls with a short timeout so that leases
+Both are Unix sockets the daemon accepts on itself and speaks ZMTP on, playing the ROUTER
+and the PUB (wire/: what a peer can make it hold is bounded in bytes, a peer past the
+bounds is cut, and connections are kept in all and per user as wire/places.py says).  The
+optional TCP status socket is libzmq's, with CURVE (remote_status.py).  One thread owns
+the sockets.  It polls with a short timeout so that leases
 expire, stop requests and signals are noticed, and state events queued by the
 load thread are published, even when no request arrives.  Every request gets
 exactly one reply; the mapping from exceptions to error replies happens here and
@@ -17,8 +19,8 @@ import logging
 import os
 import queue
 import signal
+import socket
 import sys
-import time
 
 import zmq
 
@@ -40,11 +42,16 @@ from ..reporting.metrics import NO_OPERATION, Metrics, NoMetrics
 from ..reporting.notify import EXIT_LOAD_FAILED, SystemdNotifier
 from .remote_status import RemoteStatus
 from ..guards.safe_paths import check_bind_path, same_file_at
-from ..wire import EventEndpoint, RequestEndpoint, configure
+from ..wire import EventEndpoint, Places, RequestEndpoint, listen
+from ..wire.bounds import HANDSHAKE_S, RESERVED_PLACES
 
 log = logging.getLogger("engramd.server")
 POLL_MS = 100
 DRAIN_PER_POLL = 256  # answer at most this many requests before housekeeping runs again
+# A connection that sent nothing for this many lease lengths, and holds nothing, is cut: a rank
+# heartbeats three times a lease, and leases outlive connections, so no rank loses anything.
+IDLE_LEASES = 3
+REMOTE_PEERS = 64  # TCP status peers (a few monitoring hosts), handshaken or not, out of the descriptors' places
 
 
 class Server:
@@ -65,16 +72,19 @@ class Server:
             peers = peer_budget(soft_limit)  # refuses a limit too low to serve, before anything is bound
             self.metrics = Metrics() if config.metrics_port is not None else NoMetrics()
             self.daemon = Daemon(config, on_state_change=self.events.put, metrics=self.metrics)
-            self.router = self._bind(zmq.STREAM, config.endpoint)  # plays the ROUTER (wire/requests.py)
-            self.pub = self._bind(zmq.STREAM, config.events_endpoint)  # plays the PUB (wire/events.py)
+            remote_peers = min(REMOTE_PEERS, max(1, peers // 4)) if config.remote_status else 0
+            self.places = Places(peers - remote_peers, trusted=frozenset({0, os.geteuid()}))
+            self.router = self._listen(config.endpoint)  # plays the ROUTER (wire/requests.py)
+            self.pub = self._listen(config.events_endpoint)  # plays the PUB (wire/events.py)
             self.notes = LogLimiter(log)
-            self.requests = RequestEndpoint(self.router, endpoints.ipc_path(config.endpoint), self.notes)
-            self.publisher = EventEndpoint(self.pub, endpoints.ipc_path(config.events_endpoint), self.notes)
+            idle_s = max(HANDSHAKE_S, IDLE_LEASES * config.lease_seconds)
+            self.requests = RequestEndpoint(self.router, endpoints.ipc_path(config.endpoint), self.notes,
+                                            self.places, idle_s)
+            self.publisher = EventEndpoint(self.pub, endpoints.ipc_path(config.events_endpoint), self.notes,
+                                           self.places, idle_s)
             self.budget = self.daemon.budget = serve_budget(config, self.daemon.boot_id)  # gather_budget.py
-            self.peer_cap = PeerCap(peers)
-            self.peer_cap.watch(self.router)
-            self.peer_cap.watch(self.pub)
-            log.info("open-file limit %d: at most %d peers at once", soft_limit, self.peer_cap.limit)
+            log.info("open-file limit %d: at most %d peers at once, %d of one user (root and this user: %d more)",
+                     soft_limit, self.places.limit, self.places.per_user, RESERVED_PLACES)
             if config.metrics_port is not None:
                 self.metrics.watch(self.daemon)
                 try:
@@ -85,7 +95,10 @@ class Server:
                 log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)
             if config.remote_status:
                 self.remote = RemoteStatus(self.context, config.remote_status, config.curve_keys_dir)
-                log.info("remote status on %s (CURVE, keys in %s)", config.remote_status, config.curve_keys_dir)
+                self.peer_cap = PeerCap(remote_peers)  # counts its connections, handshaken or not
+                self.peer_cap.watch(self.remote.socket)
+                log.info("remote status on %s (CURVE, keys in %s; at most %d peers)", config.remote_status,
+                         config.curve_keys_dir, remote_peers)
         except BaseException:
             self._close_sockets()
             if hasattr(self, "daemon"):
@@ -96,32 +109,25 @@ class Server:
         self.notifier = SystemdNotifier()
         self.heap = HeapTrimmer()
 
-    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
-        path = endpoints.ipc_path(endpoint)
-        if path is not None:
-            check_bind_path(path, "socket")  # binding replaces whatever stands at the path
-        sock = self.context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        configure(sock)  # before bind: the listener hands its options to each connection it accepts
+    def _listen(self, endpoint: str) -> socket.socket:
+        path = endpoints.ipc_path(endpoint)  # config.py admits ipc:// endpoints only
+        check_bind_path(path, "socket")  # binding replaces whatever stands at the path
         old_umask = os.umask(0o077)  # the socket file is created owner-only, then opened to --group
         try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as exc:
-            sock.close()
-            raise ConfigError(f"cannot bind {endpoint}: {exc}") from exc
+            sock = listen(path)
+        except OSError as exc:
+            raise ConfigError(f"cannot bind {endpoint}: {exc.strerror}") from exc
         finally:
             os.umask(old_umask)
-        if path is not None:
-            try:
-                self._set_up_socket_file(path)
-            except BaseException as exc:
-                # Not yet one of self's sockets: left open, it would block the context's term forever.
-                sock.close(linger=0)
-                self._unlink_socket_file(path)
-                if isinstance(exc, OSError):
-                    raise ConfigError(f"cannot give the socket {path} its group and mode: "
-                                      f"{exc.filename or path}: {exc.strerror}") from exc
-                raise
+        try:
+            self._set_up_socket_file(path)
+        except BaseException as exc:
+            sock.close()  # not yet one of self's sockets
+            self._unlink_socket_file(path)
+            if isinstance(exc, OSError):
+                raise ConfigError(f"cannot give the socket {path} its group and mode: "
+                                  f"{exc.filename or path}: {exc.strerror}") from exc
+            raise
         return sock
 
     def _set_up_socket_file(self, path: str) -> None:
@@ -230,17 +236,19 @@ class Server:
                      self.config.events_endpoint, self.daemon.boot_id)
             self.daemon.start_load()
             poller = zmq.Poller()
-            poller.register(self.router, zmq.POLLIN)
-            poller.register(self.pub, zmq.POLLIN)
-            for monitor in self.peer_cap.monitors:
-                poller.register(monitor, zmq.POLLIN)
+            # Each endpoint's epoll set (connections, bytes, room for output), by descriptor: that is
+            # what the poller reports for anything that is not a ZeroMQ socket.
+            poller.register(self.requests.fileno(), zmq.POLLIN)
+            poller.register(self.publisher.fileno(), zmq.POLLIN)
             if self.remote is not None:
                 poller.register(self.remote.socket, zmq.POLLIN)
+                for monitor in self.peer_cap.monitors:
+                    poller.register(monitor, zmq.POLLIN)
             while not self.daemon.stop_is_requested():
                 ready = dict(poller.poll(self._poll_ms()))
-                if self.router in ready:
+                if self.requests.fileno() in ready:
                     self.requests.read()
-                if self.pub in ready:
+                if self.publisher.fileno() in ready:
                     self.publisher.read()
                 self._answer()
                 self.requests.flush()
@@ -248,7 +256,8 @@ class Server:
                 self.notes.flush()
                 if self.remote is not None and self.remote.socket in ready:
                     self._drain(self.remote.socket, allowed=("status",))
-                self.peer_cap.poll()
+                if self.peer_cap is not None:
+                    self.peer_cap.poll()
                 self.daemon.housekeeping()
                 self.notifier.watchdog()
                 self.heap.maybe_trim()
@@ -260,7 +269,6 @@ class Server:
             self.progress.close()
             self.daemon.shutdown()
             self._publish_events()
-            time.sleep(0.05)  # let the last 'stopping' event leave the PUB socket
             return self.exit_code
         finally:
             for sig, handler in previous.items():
@@ -280,11 +288,13 @@ class Server:
         if self.remote is not None:
             self.remote.close()
             self.remote = None
-        for sock, endpoint in ((self.router, self.config.endpoint), (self.pub, self.config.events_endpoint)):
+        for name, sock, endpoint in (("requests", self.router, self.config.endpoint),
+                                     ("publisher", self.pub, self.config.events_endpoint)):
             if sock is None:
                 continue
-            sock.close(linger=0)
-            path = endpoints.ipc_path(endpoint)
-            if path is not None:
-                self._unlink_socket_file(path)
+            if hasattr(self, name):
+                getattr(self, name).stop()  # its peers, and the listening socket
+            else:
+                sock.close()
+            self._unlink_socket_file(endpoints.ipc_path(endpoint))
         self.context.destroy(linger=0)  # closes any socket still open, so terminating never blocks

@@ -1,19 +1,19 @@
 """File descriptors: as many as the process may have, and never all of them for peers.
 
-Every peer connection costs the daemon one descriptor, and libzmq aborts the whole
-process when accept(2) fails with EMFILE (``Too many open files (ipc_listener.cpp)``).
-So at start the soft RLIMIT_NOFILE is raised to the hard limit (the unit sets it with
-``LimitNOFILE``).  OWN_FDS of it are kept for the daemon's own descriptors, and PeerCap
-keeps peers to a quarter of the rest, at most MAX_PEERS: a peer beyond it is disconnected
-as soon as its connection is seen.  The other three quarters are headroom for connections
-that arrive faster than the daemon can disconnect them; libzmq gives no way to stop
-accepting, so a flood outrunning that headroom would still abort the process, which is
-why the unit sets a high LimitNOFILE.  A limit that leaves room for fewer than MIN_PEERS
-is refused at start, in words, rather than met as an abort at the first few connections.
+Every peer connection costs the daemon one descriptor.  So at start the soft RLIMIT_NOFILE
+is raised to the hard limit (the unit sets it with ``LimitNOFILE``).  OWN_FDS of it are kept
+for the daemon's own descriptors, and peers get a quarter of the rest, at most MAX_PEERS
+(``peer_budget``); the other three quarters are headroom: for connections the daemon
+accepts only to close them (wire/places.py says whom), and for a burst on the TCP status
+socket, which libzmq accepts faster than PeerCap disconnects the excess.  The ipc sockets
+are the daemon's own (wire/stream.py): when accept(2) runs out of descriptors they pause,
+where libzmq aborted the process.  A limit that leaves room for fewer than MIN_PEERS is
+refused at start, in words.
 
-PeerCap learns of connections from a ZeroMQ monitor on the listening socket (accepted
-and disconnected events carry the connection's descriptor) and disconnects an excess
-peer by shutting its socket down, which libzmq then handles as a peer that left.
+PeerCap counts the connections of the TCP status socket from a ZeroMQ monitor on it
+(accepted and disconnected events carry the connection's descriptor), handshaken or not,
+and disconnects an excess peer by shutting its socket down, which libzmq then handles as
+a peer that left.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ MIN_PEERS = 8  # a node's ranks and a tool or two
 # monitors, libzmq's eventfds), counted with `ls /proc/PID/fd`: 20 on the demo table at rest,
 # 34 with --metrics-port, --remote-status and a reload of a 4-shard checkpoint running.
 OWN_FDS = 64
-PEER_SHARE = 4  # one descriptor per peer, three more of headroom for a burst (see above)
+PEER_SHARE = 4  # one descriptor per peer, three more of headroom (see above)
 MIN_NOFILE = OWN_FDS + PEER_SHARE * MIN_PEERS
 
 
@@ -98,7 +98,7 @@ class PeerCap:
     def _disconnect(self, fd: int) -> None:
         self.refused += 1
         if self.refused == 1 or self.refused % 1000 == 0:
-            log.warning("refusing peers: %d connected, the most the open-file limit allows (%d refused so far)",
+            log.warning("refusing TCP status peers: %d connected, the most allowed (%d refused so far)",
                         len(self.peers), self.refused)
         try:
             peer = socket.socket(fileno=fd)

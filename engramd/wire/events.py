@@ -5,7 +5,8 @@ The daemon publishes one kind of message, so a subscriber's subscriptions are on
 alike) and their bodies dropped as they are read: nothing a subscriber sends is kept, a frame
 over SUBSCRIPTION_BYTES or a message over MAX_FRAMES cuts it.  An event goes to every open
 peer with a subscription (a SUB filters by its own prefixes on its side); a subscriber with
-EVENT_OUT_BYTES of events unread misses the next ones.
+EVENT_OUT_BYTES of events unread misses the next ones, and one that PINGs with that much
+unread is cut (each PING asks for a PONG: queueing them all grew the daemon by 900 MiB in 30 s).
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ class EventEndpoint(StreamEndpoint):
     socket_type = b"PUB"
     peer_types = frozenset({b"SUB", b"XSUB"})
     max_frame = SUBSCRIPTION_BYTES
+    out_limit = EVENT_OUT_BYTES
 
-    def __init__(self, sock, path, notes):
-        super().__init__(sock, path, notes)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.dropped = 0  # events a subscriber did not get because it did not read the earlier ones
 
     def on_input(self, peer: Peer) -> None:
@@ -39,6 +41,9 @@ class EventEndpoint(StreamEndpoint):
                 self.command(peer, name, body)
             if peer.state != OPEN:
                 return
+
+    def holds_something(self, peer: Peer) -> bool:
+        return peer.subscriptions > 0 or super().holds_something(peer)
 
     def publish(self, frames: list[bytes]) -> None:
         pieces = encode(frames)

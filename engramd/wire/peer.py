@@ -1,50 +1,48 @@
-"""One connection on a STREAM socket: where its handshake stands, its input, its output, who it is.
+"""One connection on a socket the daemon listens on: where its handshake stands, its input, its output, who it is.
 
-    greeting ──▶ handshake ──▶ open ──▶ closing ──▶ (gone: libzmq told us it disconnected)
+    greeting ──▶ handshake ──▶ open ──▶ closed (its descriptor closed, its place given back)
        │             │                     ▲
-       └─────────────┴─────────────────────┘  a broken rule or a bound, at any step
+       └─────────────┴─────────────────────┘  a broken rule, a bound, or the peer leaving, at any step
 
 Input is kept raw (FrameReader) until the endpoint takes a message out of it; output is a
-queue of byte pieces handed to libzmq as fast as the peer reads.  A closing peer's input is
-dropped as it arrives and nothing more is sent to it.
+queue of byte pieces written to the socket as fast as the peer reads.
 """
 from __future__ import annotations
 
 import collections
+import socket
+import struct
 import time
 
 from engram_client.core.errors import ProtocolError
 
 from .zmtp import COMMAND, MORE, FrameReader, Tally, parse_command
 
-GREETING, HANDSHAKE, OPEN, CLOSING = "greeting", "handshake", "open", "closing"
+GREETING, HANDSHAKE, OPEN, CLOSED = "greeting", "handshake", "open", "closed"
 
 
-def credentials(peer_address: str | None) -> tuple[int | None, int | None]:
-    """(pid, uid) of an ipc peer from libzmq's Peer-Address, ``HOST:UID:GID:PID`` (SO_PEERCRED); None where the
-    kernel did not say (pid 0: the peer lives in a pid namespace the daemon cannot see)."""
-    parts = (peer_address or "").rsplit(":", 3)
-    try:
-        uid, pid = int(parts[1]), int(parts[3])
-    except (IndexError, ValueError):
-        return None, None
+def credentials(sock: socket.socket) -> tuple[int | None, int]:
+    """(pid, uid) of an AF_UNIX peer as the kernel says (SO_PEERCRED); pid None where it cannot say (0: the
+    peer lives in a pid namespace the daemon cannot see)."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     return (pid or None), uid
 
 
 class Peer:
-    def __init__(self, identity: bytes, peer_address: str | None, max_frame: int, tally: Tally):
-        self.identity = identity
-        self.pid, self.uid = credentials(peer_address)
+    def __init__(self, identity: bytes, sock: socket.socket | None, pid: int | None, uid: int, max_frame: int,
+                 tally: Tally):
+        self.identity = identity  # unique for the daemon's lifetime, unlike a descriptor number
+        self.sock = sock
+        self.fd = sock.fileno() if sock is not None else -1
+        self.pid, self.uid = pid, uid
         self.state = GREETING
-        self.connected_at = time.monotonic()
+        self.connected_at = self.active_at = time.monotonic()  # active_at: when it last sent anything
         self.reader: FrameReader | None = FrameReader(max_frame, tally)
         self.frames: list[bytes] = []  # the message being received
         self.message_bytes = 0
         self.out: collections.deque[memoryview] = collections.deque()
         self.out_bytes = 0
-        self.retry_at = 0.0  # when to try handing output to libzmq again
-        self.backoff = 0.0
-        self.closed_at: float | None = None  # when the message closing it went to libzmq
+        self.writing = False  # whether the endpoint waits for its socket to take more output
         self.subscriptions = 0  # events socket: subscribes minus cancels
 
     def describe(self) -> str:

@@ -23,9 +23,10 @@ class RequestEndpoint(StreamEndpoint):
     socket_type = b"ROUTER"
     peer_types = frozenset({b"DEALER", b"REQ", b"ROUTER"})
     max_frame = MAX_MESSAGE_BYTES
+    out_limit = OUT_BYTES
 
-    def __init__(self, sock, path, notes):
-        super().__init__(sock, path, notes)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._readable: dict[Peer, None] = {}  # open peers that may have a request to take, in turn order
         self._blocked: set[Peer] = set()  # open peers with input, not answered until they read their replies
 
@@ -53,7 +54,7 @@ class RequestEndpoint(StreamEndpoint):
         taken = 0
         while taken < limit and self._readable:
             for peer in list(self._readable):
-                if peer.state != OPEN or self.peers.get(peer.identity) is not peer:
+                if peer.state != OPEN:
                     self._readable.pop(peer, None)
                     continue
                 if not self._may_answer(peer):
@@ -77,17 +78,14 @@ class RequestEndpoint(StreamEndpoint):
                 if taken >= limit:
                     return
 
-    def _gone(self, peer: Peer) -> None:
+    def gone(self, peer: Peer) -> None:
         self._readable.pop(peer, None)
         self._blocked.discard(peer)
-        super()._gone(peer)
 
-    def close(self, peer: Peer, why: str) -> None:
-        self._readable.pop(peer, None)
-        self._blocked.discard(peer)
-        super().close(peer, why)
+    def holds_something(self, peer: Peer) -> bool:
+        return peer in self._readable or peer in self._blocked or super().holds_something(peer)
 
     def reply(self, peer: Peer, frames: list[bytes]) -> None:
         """Queue a reply's frames (after the routing identity) for ``peer``; a peer gone or cut gets nothing."""
-        if peer.state == OPEN and self.peers.get(peer.identity) is peer:
+        if peer.state == OPEN:
             self._send(peer, encode(frames))

@@ -194,3 +194,54 @@ def test_zmtp_commands_are_answered_or_cut_and_the_daemon_goes_on(demo_daemon, s
     assert was_cut(sock)
     sock.close()
     assert demo_daemon.status()["state"] == "ready"
+
+
+@pytest.mark.parametrize("socket_name,peer_type", [("requests", b"DEALER"), ("events", b"SUB")])
+def test_a_peer_that_pings_and_never_reads_is_cut(demo_daemon, socket_name, peer_type):
+    """Each PING asks for a PONG; a subscriber that never read them grew the daemon by 900 MiB in 30 s."""
+    endpoint = demo_daemon.endpoint if socket_name == "requests" else demo_daemon.status()["events_endpoint"]
+    pid = demo_daemon.proc.pid
+    before = heap_mib(pid)
+    sock = connect(endpoints.ipc_path(endpoint), peer_type)
+    pings = frame(b"\x04PING\x00\x00", command=True) * 8192
+    sent = send_until_cut(sock, pings, 32 << 20)
+    grown = heap_mib(pid) - before
+    assert was_cut(sock), f"the daemon took {sent >> 20} MiB of PINGs whose PONGs were never read and kept the peer"
+    sock.close()
+    assert grown < 32, f"the daemon grew by {grown:.0f} MiB queueing PONGs nobody reads"
+    assert demo_daemon.status()["state"] == "ready"
+
+
+def test_connect_and_close_churn_leaves_the_daemon_as_it_was(demo_daemon):
+    """One process connecting and closing as fast as it can grew the daemon by 1.3 GiB in 5 s, still
+    growing afterwards: libzmq queued every connection's notices until the daemon read them."""
+    pid = demo_daemon.proc.pid
+    before = heap_mib(pid)
+    churner = subprocess.Popen([sys.executable, RAW_PEER, "churn", endpoints.ipc_path(demo_daemon.endpoint),
+                                "40000"], stdout=subprocess.PIPE, text=True)
+    peak = before
+    while churner.poll() is None:
+        peak = max(peak, heap_mib(pid))
+        time.sleep(0.1)
+    assert churner.returncode == 0
+    assert demo_daemon.status(timeout=10)["state"] == "ready"
+    peak = max(peak, heap_mib(pid))
+    assert peak - before < 32, f"the daemon grew from {before:.0f} to {peak:.0f} MiB over 40,000 connections"
+
+
+def test_a_silent_peer_that_holds_nothing_is_cut_and_a_subscriber_is_kept(demo_daemon):
+    """Handshaken connections that never send anything held their places forever; leases outlive
+    connections and a rank heartbeats three times a lease, so a peer silent for three leases holds nothing."""
+    silent = connect(endpoints.ipc_path(demo_daemon.endpoint), b"DEALER")
+    subscriber = connect(endpoints.ipc_path(demo_daemon.status()["events_endpoint"]), b"SUB")
+    subscriber.sendall(frame(b"\x01"))  # subscribes to everything, then stays silent as a SUB does
+    silent.settimeout(60)
+    try:
+        assert silent.recv(1) == b"", "the daemon sent a silent peer something"
+    except ConnectionResetError:
+        pass
+    assert "sent nothing for" in demo_daemon.log()
+    subscriber.sendall(frame(b"\x04PING\x00\x00", command=True))
+    assert recv_frame(subscriber)[1].startswith(b"\x04PONG")
+    subscriber.close()
+    silent.close()

@@ -1,11 +1,14 @@
-"""A small RLIMIT_NOFILE: refused at start, in words, or served with a peer cap the limit can carry.
+"""A small RLIMIT_NOFILE: refused at start, in words, or served with places the limit can carry.
 
-libzmq aborts the whole process when accept(2) fails with EMFILE, so a limit that leaves
-no room for the daemon's own descriptors and its peers must stop it before it serves.
-Real limits (setrlimit in the child before exec) and real connections.
+A limit that leaves no room for the daemon's own descriptors and its peers stops it before
+it serves; one that does is shared out (engramd/wire/places.py): no burst of connections, on
+the ipc sockets or the TCP status socket, may run the daemon out of descriptors, and no user
+may take the places of another.  Real limits (setrlimit in the child before exec), real
+connections, real processes, and real second users.
 """
 from __future__ import annotations
 
+import grp
 import os
 import resource
 import socket
@@ -15,8 +18,14 @@ import sys
 import pytest
 
 from engram_client.attach.connection import DaemonConnection
-from engramd.guards.fd_limits import MIN_NOFILE, OWN_FDS, PEER_SHARE
-from waiting import wait_for
+from engramd.daemon.remote_status import create_keys
+from engramd.guards.fd_limits import MIN_NOFILE, OWN_FDS, PEER_SHARE, peer_budget
+from engramd.wire.bounds import RESERVED_PLACES, USER_SHARE
+from other_user import OtherUser, daemon_user, other_user  # noqa: F401  (fixtures)
+from proc_stats import open_fds
+from waiting import free_port, wait_for
+
+RAW_PEER = __import__("raw_peer").__file__
 
 PROCESS_TIMEOUT_S = 60
 
@@ -25,9 +34,9 @@ def _limit(n: int):
     return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
-def _serve(endpoint: str, shm_dir: str, nofile: int, **kwargs) -> subprocess.Popen:
+def _serve(endpoint: str, shm_dir: str, nofile: int, *extra: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "engramd", "serve", "--socket", endpoint, "--shm-dir", shm_dir,
-                             "--no-progress"], preexec_fn=_limit(nofile), **kwargs)
+                             "--no-progress", *extra], preexec_fn=_limit(nofile), **kwargs)
 
 
 @pytest.mark.parametrize("nofile", [12, 24, MIN_NOFILE - 1])
@@ -67,10 +76,6 @@ def _zmtp_peer(path: str) -> socket.socket:
     return peer
 
 
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def _answers(connection: DaemonConnection) -> bool:
     try:
         return connection.request("status", timeout=5)["state"] == "ready"
@@ -80,19 +85,18 @@ def _answers(connection: DaemonConnection) -> bool:
 
 def test_at_the_lowest_limit_peers_past_the_cap_are_shed_and_the_daemon_lives(socket_dir, shm_dir):
     endpoint = f"ipc://{socket_dir}/engramd.sock"
-    cap = (MIN_NOFILE - OWN_FDS) // PEER_SHARE
+    cap = (MIN_NOFILE - OWN_FDS) // PEER_SHARE  # and RESERVED_PLACES more for root, as these peers are
     daemon = _serve(endpoint, shm_dir, MIN_NOFILE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     honest = DaemonConnection(endpoint)
     peers: list[socket.socket] = []
     try:
         wait_for(lambda: _answers(honest), "the daemon to serve its table", 60)
-        at_rest = _fds(daemon.pid)
+        at_rest = open_fds(daemon.pid)
         # More peers than the whole limit, held open, one at a time: each is accepted before the next,
-        # and each past the cap must be shed (its descriptor closed), or the daemon would run out and
-        # libzmq abort it.  (A burst faster than the daemon sheds is the headroom's business.)
+        # and each past the cap must be shed (its descriptor closed).  (A burst: the next test.)
         for _ in range(MIN_NOFILE + cap):
             peers.append(_zmtp_peer(endpoint[len("ipc://"):]))
-            wait_for(lambda: daemon.poll() is not None or _fds(daemon.pid) <= at_rest + cap,
+            wait_for(lambda: daemon.poll() is not None or open_fds(daemon.pid) <= at_rest + cap + RESERVED_PLACES,
                      "the daemon to shed the peers past its cap", 30)
             assert daemon.poll() is None, f"engramd exited with {daemon.returncode}"
         assert _answers(honest)
@@ -102,4 +106,112 @@ def test_at_the_lowest_limit_peers_past_the_cap_are_shed_and_the_daemon_lives(so
         honest.close()
         daemon.terminate()
         daemon.wait(timeout=30)
+    assert daemon.returncode == 0
+
+
+def _stop(daemon: subprocess.Popen, *others: subprocess.Popen) -> None:
+    for process in others:
+        process.kill()
+        process.wait(timeout=30)
+    daemon.terminate()
+    daemon.wait(timeout=30)
+
+
+def test_a_burst_of_held_connections_at_the_lowest_limit_leaves_the_daemon_alive(socket_dir, shm_dir):
+    """4 processes connecting as fast as the backlog lets them and holding on: libzmq accepted every
+    connection, ran out of descriptors and aborted the daemon (3 runs of 3 at this limit)."""
+    endpoint = f"ipc://{socket_dir}/engramd.sock"
+    daemon = _serve(endpoint, shm_dir, MIN_NOFILE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    flooders: list[subprocess.Popen] = []
+    try:
+        honest = DaemonConnection(endpoint)
+        wait_for(lambda: _answers(honest), "the daemon to serve its table", 60)
+        honest.close()
+        flooders = [subprocess.Popen([sys.executable, RAW_PEER, "hold", endpoint[len("ipc://"):], "150", "0"],
+                                     stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        opened = [int(flooder.stdout.readline().split()[0]) for flooder in flooders]  # then they hold them
+        assert daemon.poll() is None, f"engramd exited with {daemon.returncode} after {sum(opened)} connections"
+        late = DaemonConnection(endpoint)  # a place frees once the silent ones' handshake time runs out
+        try:
+            wait_for(lambda: _answers(late), "a new peer to be answered during the burst", 30)
+        finally:
+            late.close()
+    finally:
+        _stop(daemon, *flooders)
+    assert daemon.returncode == 0
+
+
+def test_tcp_connections_that_never_start_curve_cannot_run_the_daemon_out_of_descriptors(socket_dir, shm_dir,
+                                                                                         tmp_path):
+    """Plain TCP connections to --remote-status, no CURVE handshake: libzmq held each 30 s, uncounted, until
+    they pinned every descriptor and the next ipc connection aborted the daemon."""
+    keys = str(tmp_path / "keys")
+    create_keys(keys)
+    port, nofile = free_port(), 256
+    endpoint = f"ipc://{socket_dir}/engramd.sock"
+    log_path = os.path.join(socket_dir, "engramd.log")
+    with open(log_path, "wb") as log:
+        daemon = _serve(endpoint, shm_dir, nofile, "--remote-status", f"tcp://127.0.0.1:{port}",
+                        "--curve-keys-dir", keys, stdout=log, stderr=subprocess.STDOUT)
+    honest = DaemonConnection(endpoint)
+    plain: list[socket.socket] = []
+    try:
+        wait_for(lambda: _answers(honest), "the daemon to serve its table", 60)
+        at_rest = open_fds(daemon.pid)
+        for _ in range(2 * nofile):  # more than every descriptor the daemon has
+            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            conn.settimeout(5)
+            try:
+                conn.connect(("127.0.0.1", port))
+            except OSError:
+                conn.close()
+                break
+            plain.append(conn)
+        late = DaemonConnection(endpoint)
+        try:
+            wait_for(lambda: daemon.poll() is not None or _answers(late), "a new ipc peer to be answered", 30)
+        finally:
+            late.close()
+        assert daemon.poll() is None, open(log_path).read()[-3000:]
+        share = min(64, peer_budget(nofile) // 4)  # the TCP status socket's places (server.py)
+        wait_for(lambda: open_fds(daemon.pid) <= at_rest + share + 2, "the daemon to shed TCP peers past its share",
+                 30)
+        assert "refusing TCP status peers" in open(log_path).read()
+    finally:
+        for conn in plain:
+            conn.close()
+        honest.close()
+        _stop(daemon)
+    assert daemon.returncode == 0
+
+
+def test_one_user_cannot_take_the_places_of_another(socket_dir, shm_dir, other_user, daemon_user):
+    """A member of the daemon's group held every place with silent handshaken connections: another
+    user's rank was refused, and root's status went unanswered."""
+    group = grp.getgrgid(other_user.gid).gr_name
+    second = OtherUser(daemon_user.name, daemon_user.uid, other_user.gid)  # another member of that group
+    nofile = 160
+    per_user = peer_budget(nofile) // USER_SHARE
+    endpoint = f"ipc://{socket_dir}/engramd.sock"
+    path = endpoint[len("ipc://"):]
+    daemon = _serve(endpoint, shm_dir, nofile, "--group", group, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL)
+    with open(RAW_PEER) as f:
+        raw_peer = f.read()
+    holders: list[subprocess.Popen] = []
+    try:
+        honest = DaemonConnection(endpoint)
+        wait_for(lambda: _answers(honest), "the daemon to serve its table", 60)
+        honest.close()
+        holders.append(other_user.spawn_python(raw_peer, "hold", path, str(peer_budget(nofile) + 8), "1"))
+        opened, kept = map(int, holders[0].stdout.readline().split())
+        assert kept == per_user, f"one user keeps {kept} of {opened} connections; its share is {per_user}"
+        holders.append(second.spawn_python(raw_peer, "hold", path, str(per_user), "1"))
+        opened, kept = map(int, holders[1].stdout.readline().split())
+        assert kept == per_user, f"another user keeps {kept} of its {per_user} connections"
+        status = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", endpoint, "--timeout", "10"],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stderr
+    finally:
+        _stop(daemon, *holders)
     assert daemon.returncode == 0

@@ -6,7 +6,7 @@ import pytest
 
 from engram_client.core.errors import ProtocolError
 from engramd.wire import zmtp
-from engramd.wire.peer import Peer, credentials
+from engramd.wire.peer import Peer
 
 LIBZMQ_GREETING = b"\xff" + bytes(7) + b"\x01\x7f\x03\x01" + b"NULL".ljust(20, b"\0") + bytes(32)  # as libzmq 4.3 sends it
 
@@ -60,7 +60,7 @@ def test_reserved_flag_bits_are_refused():
 
 
 def test_a_message_past_its_frame_bound_is_refused_before_it_ends():
-    peer = Peer(b"id", None, 64, zmtp.Tally())
+    peer = Peer(b"id", None, None, 0, 64, zmtp.Tally())
     peer.reader.feed(b"".join(zmtp.header(zmtp.MORE, 1) + b"x" for _ in range(9)))
     with pytest.raises(ProtocolError, match="more than 8 frames"):
         peer.next_item(8, 1024)
@@ -71,9 +71,3 @@ def test_ready_round_trips_and_commands_parse():
     assert name == b"READY" and zmtp.parse_properties(data) == {b"Socket-Type": b"ROUTER", b"Identity": b""}
     with pytest.raises(ProtocolError, match="run past"):
         zmtp.parse_properties(b"\x0bSocket-Type\x00\x00\x10\x00DEALER")
-
-
-def test_credentials_come_from_libzmqs_peer_address():
-    assert credentials("localhost:1000:1000:4242") == (4242, 1000)
-    assert credentials("localhost:0:0:0") == (None, 0)  # a pid the daemon's namespace cannot see
-    assert credentials("") == (None, None) and credentials(None) == (None, None)
