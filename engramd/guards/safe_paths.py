@@ -163,17 +163,37 @@ def release_lock(path: str, fd: int) -> None:
     os.close(fd)
 
 
-def prepare_socket_dir(directory: str, default: bool) -> None:
+def prepare_socket_dir(directory: str, default: bool) -> bool:
     """Create the socket's directory 0700 if absent; otherwise check that no other user can
     swap the socket in it.  The default directory (under $TMPDIR) must be ours outright:
-    anyone could have made it first."""
+    anyone could have made it first.  Returns whether this call created it."""
     try:
         os.makedirs(directory, mode=0o700)
+        created = True
     except FileExistsError:
-        pass
+        created = False
     except OSError as exc:
         raise UnsafePathError(f"cannot create the socket directory {directory}: {exc.strerror}") from exc
     check_directory(directory, "socket directory", must_be_ours=default)
+    return created
+
+
+def group_cannot_pass(directory: str, gid: int) -> str | None:
+    """Why members of group ``gid`` cannot reach a socket inside ``directory`` (they need its
+    search bit, as its group or as others), or None if they can."""
+    info = os.stat(directory)
+    if info.st_mode & stat.S_IXOTH or (info.st_gid == gid and info.st_mode & stat.S_IXGRP):
+        return None
+    return (f"{directory} (mode {stat.S_IMODE(info.st_mode):04o}, gid {info.st_gid}) does not let members of "
+            f"gid {gid} through")
+
+
+def remove_if_empty(path: str) -> None:
+    """Tidy away a directory of ours at a stop that left nothing in it (rmdir: never its contents)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _kind(info: os.stat_result) -> str:

@@ -32,7 +32,7 @@ import stat
 
 from engram_client.core.errors import TableFileError
 
-from ..guards.safe_paths import GROUP_OR_OTHER_WRITE, describe_owner
+from ..guards.safe_paths import GROUP_OR_OTHER_WRITE, describe_owner, remove_if_empty  # noqa: F401 (table_files)
 
 log = logging.getLogger("engramd.table_store")
 _DIR_NAME = re.compile(r"^engramd-([0-9a-f]{12})(?:\.[0-9a-f]{16})?$")
@@ -136,11 +136,3 @@ def existing_files_directory(shm_dir: str, instance: str) -> str | None:
     except OSError:
         return None
     return mine[0] if mine else None
-
-
-def remove_if_empty(path: str) -> None:
-    """Tidy away our directory at a stop that left nothing in it."""
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
