@@ -90,8 +90,10 @@ def foreign_reason(path: str) -> str | None:
     return None
 
 
-def check_directory(path: str, what: str, must_be_ours: bool = False) -> None:
-    """Raise unless names in ``path`` can only be made, renamed or removed by us (or root)."""
+def check_directory(path: str, what: str, must_be_ours: bool = False, sticky_ok: bool = True) -> None:
+    """Raise unless names in ``path`` can only be made, renamed or removed by us (or root); a
+    directory others may write is taken with the sticky bit (others' names cannot replace
+    ours there) unless ``sticky_ok`` is False (every name in it counts, as keys do)."""
     try:
         info = os.lstat(path)
     except OSError as exc:
@@ -106,7 +108,7 @@ def check_directory(path: str, what: str, must_be_ours: bool = False) -> None:
                               f"({describe_owner(os.geteuid())}); another user could replace what engramd puts "
                               "there. Remove it or choose another path")
     sticky = bool(info.st_mode & stat.S_ISVTX)
-    if info.st_mode & GROUP_OR_OTHER_WRITE and (must_be_ours or not sticky):
+    if info.st_mode & GROUP_OR_OTHER_WRITE and (must_be_ours or not sticky_ok or not sticky):
         raise UnsafePathError(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}"
                               f"{'' if sticky else ', no sticky bit'}); another user could replace what engramd "
                               "puts there. Use a directory only engramd's user may write")
