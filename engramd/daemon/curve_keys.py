@@ -48,7 +48,7 @@ def _make_directory(path: str, what: str) -> None:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise CurveConfigError(f"cannot create {what} {path}: {exc.strerror}") from exc
+        raise CurveConfigError(f"cannot create CURVE keys: {what} {path}: {exc.strerror}") from exc
     check_keys_directory(path, what)
 
 
