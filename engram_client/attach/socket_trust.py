@@ -53,12 +53,12 @@ def _trusted(info: os.stat_result) -> bool:
 
 
 def _whom(info: os.stat_result) -> str:
-    """Whom the file's owner is not, and how an operator trusts the daemon's user (the refusal's words)."""
+    """Whom the file's owner is not, why that matters, and how an operator names the daemon's user."""
     named = os.environ.get(DAEMON_USER_ENV, "").strip()
     daemon_user = f"{DAEMON_USER_ENV}={named}" if named else f"no {DAEMON_USER_ENV} is set"
-    return (f"which is neither root, this user (uid {os.geteuid()}), nor the daemon's user ({daemon_user}); "
-            f"a group in common is not enough. If uid {info.st_uid} runs engramd here, say so: "
-            f"{DAEMON_USER_ENV}={info.st_uid}")
+    return (f"which is neither root, this user (uid {os.geteuid()}), nor the daemon's user ({daemon_user}; "
+            "a group in common does not count); another user could be posing as engramd there. If uid "
+            f"{info.st_uid} is the user engramd runs as, say so: {DAEMON_USER_ENV}={info.st_uid}")
 
 
 def _root_trusts_its_owner(dir_info: os.stat_result) -> bool:
@@ -81,8 +81,7 @@ def check_socket_trust(socket_path: str) -> os.stat_result | None:
     root_trusts = _root_trusts_its_owner(dir_info)
     if not (_trusted(dir_info) or root_trusts):
         raise SocketRefusedError(f"refusing to talk to engramd through {directory}: the directory belongs to "
-                                     f"{_owner(dir_info)}, {_whom(dir_info)}; another user could be posing as "
-                                     "engramd there")
+                                     f"{_owner(dir_info)}, {_whom(dir_info)}")
     writable_by_others = dir_info.st_mode & _GROUP_OR_OTHER_WRITE
     if writable_by_others and not dir_info.st_mode & stat.S_ISVTX:
         raise SocketRefusedError(f"refusing to talk to engramd through {directory}: the directory is writable "
@@ -95,8 +94,7 @@ def check_socket_trust(socket_path: str) -> os.stat_result | None:
     if not stat.S_ISSOCK(sock_info.st_mode) or not (_trusted(sock_info) or root_trusts):
         kind = "socket" if stat.S_ISSOCK(sock_info.st_mode) else "non-socket file"
         raise SocketRefusedError(f"refusing to talk to engramd through {socket_path}: it is a {kind} of "
-                                     f"{_owner(sock_info)}, {_whom(sock_info)}; another user could be posing as "
-                                     "engramd there")
+                                     f"{_owner(sock_info)}, {_whom(sock_info)}")
     return sock_info
 
 
