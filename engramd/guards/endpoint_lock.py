@@ -2,9 +2,10 @@
 second daemon on one endpoint is refused naming the first.
 
 It also settles the socket's directory: the daemon gives ``--group``'s group and mode 0750
-only to a directory of its own (one it creates, or its default one, which must be its own),
-never to one it found (``/tmp``, ``/run``, an operator's directory: re-moding those would lock
-their other users out), and removes its own at the stop if it is empty then.
+only to a directory it creates, never to one it found (``/tmp``, ``/run``, an operator's or
+systemd's directory, or its default one left by a daemon killed before its stop: it cannot
+tell who made that), since re-moding those could lock their other users out; and it removes
+the one it created at the stop, if it is empty then.
 """
 from __future__ import annotations
 
@@ -26,13 +27,12 @@ class EndpointLock:
     def __init__(self, endpoint: str, gid: int | None = None):
         self.path = None
         self.fd = -1
-        self.own_directory: str | None = None  # the socket directory, where it is ours to re-mode and remove
+        self.own_directory: str | None = None  # the socket directory, where this daemon created it
         socket_path = endpoints.ipc_path(endpoint)
         if socket_path is None:
             return
         directory = os.path.dirname(socket_path) or "."
-        default = endpoint == endpoints.default_endpoint()
-        if prepare_socket_dir(directory, default=default) or default:
+        if prepare_socket_dir(directory, default=endpoint == endpoints.default_endpoint()):
             self.own_directory = directory
         self.path = socket_lock_path(socket_path)
         self.fd = take_lock(self.path, "socket lock", lambda: (
@@ -47,7 +47,7 @@ class EndpointLock:
                 raise
 
     def open_to_group(self, directory: str, gid: int) -> None:
-        """Let ``--group``'s ranks through to the socket: our own directory gets the group and
+        """Let ``--group``'s ranks through to the socket: a directory we created gets the group and
         mode 0750; one we found is left as it is, and the log says if the group cannot pass."""
         if directory == self.own_directory:
             try:
