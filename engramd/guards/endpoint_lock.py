@@ -4,8 +4,10 @@ second daemon on one endpoint is refused naming the first.
 It also settles the socket's directory: the daemon gives ``--group``'s group and mode 0750
 only to a directory it creates, never to one it found (``/tmp``, ``/run``, an operator's or
 systemd's directory, or its default one left by a daemon killed before its stop: it cannot
-tell who made that), since re-moding those could lock their other users out; and it removes
-the one it created at the stop, if it is empty then.
+tell who made that), since re-moding those could lock their other users out.  At the stop it removes the one it
+created if it is empty then, and only where nobody else may create names beside it: in a
+shared sticky parent (``/tmp``) the name would be free for any user to take, and then to pose
+as engramd there or to keep the next start out, so it stays as the name's keeper.
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import os
 from engram_client.core import endpoints
 
 from .lock_owner import holder, socket_lock_path, write_pid
-from .safe_paths import (UnsafePathError, group_cannot_pass, prepare_socket_dir, release_lock, remove_if_empty,
-                         take_lock)
+from .safe_paths import (UnsafePathError, group_cannot_pass, others_may_create_names, prepare_socket_dir, release_lock,
+                         remove_if_empty, take_lock)
 
 log = logging.getLogger("engramd.server")
 
@@ -63,8 +65,15 @@ class EndpointLock:
         if self.fd >= 0:
             release_lock(self.path, self.fd)
             self.fd = -1
-            if self.own_directory is not None:
+            if self.own_directory is not None and self._name_is_ours_alone():
                 remove_if_empty(self.own_directory)  # the sockets went before the lock: empty unless others use it
+
+    def _name_is_ours_alone(self) -> bool:
+        """Whether nobody else could take the socket directory's name once it is gone."""
+        try:
+            return not others_may_create_names(os.path.dirname(self.own_directory) or ".")
+        except OSError:
+            return False  # cannot tell: keep the directory
 
 
 def warn_if_group_cannot_pass(directory: str, gid: int) -> None:

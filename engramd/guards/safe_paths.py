@@ -190,6 +190,11 @@ def group_cannot_pass(directory: str, gid: int) -> str | None:
             f"gid {gid} through")
 
 
+def others_may_create_names(directory: str) -> bool:
+    """Whether users other than the directory's owner may add names to it (sticky or not)."""
+    return bool(os.lstat(directory).st_mode & GROUP_OR_OTHER_WRITE)
+
+
 def remove_if_empty(path: str) -> None:
     """Tidy away a directory of ours at a stop that left nothing in it (rmdir: never its contents)."""
     try:

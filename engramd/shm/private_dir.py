@@ -34,16 +34,10 @@ import stat
 
 from engram_client.core.errors import TableFileError
 
-from ..guards.safe_paths import GROUP_OR_OTHER_WRITE, describe_owner, remove_if_empty  # noqa: F401 (table_files)
+from ..guards.safe_paths import describe_owner, others_may_create_names, remove_if_empty  # noqa: F401 (table_files)
 
 log = logging.getLogger("engramd.table_store")
 _DIR_NAME = re.compile(r"^engramd-([0-9a-f]{12})(?:\.[0-9a-f]{16})?$")
-
-
-def others_may_create_names(directory: str) -> bool:
-    """Whether users other than the directory's owner may add names to it (safe_paths has
-    already refused such a directory without the sticky bit)."""
-    return bool(os.lstat(directory).st_mode & GROUP_OR_OTHER_WRITE)
 
 
 def own_directories(shm_dir: str) -> list[tuple[str, str]]:

@@ -6,10 +6,10 @@ one ``engramd-<instance>-g<generation>-n<node>.table``; and ``.hot``, a hot-row 
 and holds an exclusive ``flock`` on ``engramd-<instance>.lock`` for as long as it lives.  It keeps the lock, its tables
 and its served record in its files directory: the shm dir itself, or, where other users may create names
 in the shm dir, a directory of its own inside it (private_dir.py), where nobody else can plant the
-lock's name (a file planted under a predictable name in /dev/shm stopped the daemon from starting).  At start a daemon removes every
-``engramd-*`` table file, in the shm dir and in this user's files directories, whose
-owner's lock is free (that owner is dead), and never touches a file whose owner's lock
-is held, nor one of another user.
+lock's name (a file planted under a predictable name in /dev/shm stopped the daemon from
+starting).  At start a daemon removes every ``engramd-*`` table file, in the shm dir and in
+this user's files directories, whose owner's lock is free (that owner is dead), and never
+touches a file whose owner's lock is held, nor one of another user.
 
 A table is written as ``<name>.partial`` with header state *writing*, then flushed,
 marked *complete* and renamed: its final name appears only when every byte is in

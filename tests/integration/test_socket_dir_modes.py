@@ -3,7 +3,7 @@
 A directory the daemon found (a shared sticky one like /tmp, an operator's 0700 one) keeps
 its owner, group and mode, during the serve and after the stop: re-moding /tmp to 0750 locked
 every other user out of it.  A directory the daemon created gets G and 0750, and goes at the
-stop once it is empty.  Real daemons as root; G is the group of a second user made for the test.
+stop once it is empty, unless others may create names beside it (then it keeps the name).  Real daemons as root; G is the group of a second user made for the test.
 """
 from __future__ import annotations
 
@@ -64,14 +64,21 @@ def test_a_directory_the_daemon_found_keeps_its_group_and_mode(socket_dir, shm_d
         assert "cannot reach the socket" not in log, log
 
 
+@pytest.mark.parametrize("parent_mode", [0o755, 0o1777], ids=["private-parent", "shared-sticky-parent"])
 def test_a_directory_the_daemon_created_gets_the_group_and_goes_at_the_stop(socket_dir, shm_dir, other_user,
-                                                                            tmp_path):
-    created = os.path.join(socket_dir, "run", "engramd")
+                                                                            tmp_path, parent_mode):
+    parent = os.path.join(socket_dir, "run")
+    os.mkdir(parent)
+    os.chmod(parent, parent_mode)
+    created = os.path.join(parent, "engramd")
     endpoint = f"ipc://{created}/engramd.sock"
 
     def while_serving():
         assert mode_and_owner(created) == (0o750, 0, other_user.gid)
 
     serve_until_stopped(endpoint, shm_dir, str(tmp_path / "daemon.log"), other_user.name, while_serving)
-    assert not os.path.exists(created), "the socket directory serve created was left after the stop"
-    assert os.path.isdir(os.path.dirname(created)) and os.path.isdir(socket_dir)
+    if parent_mode == 0o755:
+        assert not os.path.exists(created), "the socket directory serve created was left after the stop"
+    else:  # in /tmp its name would be anyone's to take, and to pose as engramd through: it stays, empty
+        assert os.listdir(created) == [] and mode_and_owner(created) == (0o750, 0, other_user.gid)
+    assert mode_and_owner(parent) == (parent_mode, 0, 0)
