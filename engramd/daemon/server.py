@@ -131,7 +131,7 @@ class Server:
         if gid is not None:
             os.chown(path, -1, gid)
             directory = os.path.dirname(path) or "."
-            if os.path.dirname(endpoints.ipc_path(self.config.endpoint)) != os.path.dirname(path):
+            if directory != (os.path.dirname(endpoints.ipc_path(self.config.endpoint)) or "."):
                 warn_if_group_cannot_pass(directory, gid)  # an --events-socket elsewhere: never ours to re-mode
         os.chmod(path, 0o660 if gid is not None else 0o600)
 

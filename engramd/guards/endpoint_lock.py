@@ -4,10 +4,11 @@ second daemon on one endpoint is refused naming the first.
 It also settles the socket's directory: the daemon gives ``--group``'s group and mode 0750
 only to a directory it creates, never to one it found (``/tmp``, ``/run``, an operator's or
 systemd's directory, or its default one left by a daemon killed before its stop: it cannot
-tell who made that), since re-moding those could lock their other users out.  At the stop it removes the one it
-created if it is empty then, and only where nobody else may create names beside it: in a
-shared sticky parent (``/tmp``) the name would be free for any user to take, and then to pose
-as engramd there or to keep the next start out, so it stays as the name's keeper.
+tell who made that), since re-moding those could lock their other users out.  At the stop
+it removes the one it created if it is empty then, and only where nobody else may create
+names beside it: in a shared sticky parent (``/tmp``) the name would be free for any user to
+take, and then to pose as engramd there or to keep the next start out, so it stays as the
+name's keeper.
 """
 from __future__ import annotations
 

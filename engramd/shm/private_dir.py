@@ -34,7 +34,7 @@ import stat
 
 from engram_client.core.errors import TableFileError
 
-from ..guards.safe_paths import describe_owner, others_may_create_names, remove_if_empty  # noqa: F401 (table_files)
+from ..guards.safe_paths import describe_owner, others_may_create_names
 
 log = logging.getLogger("engramd.table_store")
 _DIR_NAME = re.compile(r"^engramd-([0-9a-f]{12})(?:\.[0-9a-f]{16})?$")

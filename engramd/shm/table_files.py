@@ -33,8 +33,9 @@ from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WR
 from ..guards.lock_owner import holder, lock_is_held, write_pid
 from .fs_check import HUGETLBFS_MAGIC, statfs_magic
 from .numa import BoundMapping
-from .private_dir import files_directory, own_directories, remove_if_empty
-from ..guards.safe_paths import UnsafePathError, check_directory, foreign_reason, release_lock, take_lock
+from .private_dir import files_directory, own_directories
+from ..guards.safe_paths import (UnsafePathError, check_directory, foreign_reason, release_lock, remove_if_empty,
+                                 take_lock)
 from ..reporting.sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")

@@ -3,7 +3,8 @@
 A directory the daemon found (a shared sticky one like /tmp, an operator's 0700 one) keeps
 its owner, group and mode, during the serve and after the stop: re-moding /tmp to 0750 locked
 every other user out of it.  A directory the daemon created gets G and 0750, and goes at the
-stop once it is empty, unless others may create names beside it (then it keeps the name).  Real daemons as root; G is the group of a second user made for the test.
+stop once it is empty, unless others may create names beside it (then it keeps the name).
+Real daemons as root; G is the group of a second user made for the test.
 """
 from __future__ import annotations
 
