@@ -55,7 +55,12 @@ def _trusted(info: os.stat_result) -> bool:
 def _whom(info: os.stat_result) -> str:
     """Whom the file's owner is not, why that matters, and how an operator names the daemon's user."""
     named = os.environ.get(DAEMON_USER_ENV, "").strip()
-    daemon_user = f"{DAEMON_USER_ENV}={named}" if named else f"no {DAEMON_USER_ENV} is set"
+    if named:
+        daemon_user = f"{DAEMON_USER_ENV}={named}"
+    elif named_daemon_uid() is not None:
+        daemon_user = f"the account {DEFAULT_DAEMON_USER}, as no {DAEMON_USER_ENV} is set"
+    else:
+        daemon_user = f"no {DAEMON_USER_ENV} is set"
     return (f"which is neither root, this user (uid {os.geteuid()}), nor the daemon's user ({daemon_user}; "
             "a group in common does not count); another user could be posing as engramd there. If uid "
             f"{info.st_uid} is the user engramd runs as, say so: {DAEMON_USER_ENV}={info.st_uid}")
