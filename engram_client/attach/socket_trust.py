@@ -2,14 +2,18 @@
 
 A client maps whatever table the daemon names, so talking to an impostor means reading
 an impostor's rows.  Before connecting to an ``ipc://`` path the client checks that the
-socket and its directory belong to root, to the client's own user, or to a group the
-client is in (engramd's ``--group``), and that nobody else could have swapped the socket:
-the directory is not writable by group or others unless it has the sticky bit.  In a
-sticky directory another user may still bind the same name once the daemon is gone, so
-the connection checks again before every (re)connect, and checks who sent each reply
-(connection.py).  The table file named in an attach reply must belong to the same
-trusted owners, or to the owner of the socket the client trusted (the daemon's user); that
-is checked on the opened descriptor (mapping.py), never the name.
+socket and its directory belong to root, to the client's own user, or to the daemon's user
+the operator names: ``ENGRAMD_DAEMON_USER`` (a user name or a uid; unset, the account named
+``engramd`` where one exists, as deploy/systemd makes it).  Never to a user merely because
+the file's group is one of the client's: the daemon's ``--group`` lets its ranks in, and every
+other member of that group could run an engramd of their own at the same path once the real
+one is gone.  Nobody else may have swapped the socket either: the directory is not writable
+by group or others unless it has the sticky bit.  In a sticky directory another user may
+still bind the same name once the daemon is gone, so the connection checks again before
+every (re)connect, and checks who sent each reply (connection.py).  The table file named in
+an attach reply must belong to the same trusted owners, or to the owner of the socket the
+client trusted (the daemon's user); that is checked on the opened descriptor (mapping.py),
+never the name.
 
 Root may talk to a daemon of any user (an operator's ``engramd status`` and ``stop``, a root
 engine beside a daemon run as ``engramd``): it trusts a socket of any owner in a directory
@@ -20,17 +24,46 @@ an impostor there is refused.  Every refusal is a SocketRefusedError.
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 
 from ..core.errors import SocketRefusedError, TableFileError
+from ..core.variables import DAEMON_USER as DAEMON_USER_ENV
 
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
+DEFAULT_DAEMON_USER = "engramd"  # the account deploy/systemd/engramd.service runs as
+
+
+def named_daemon_uid() -> int | None:
+    """The uid of the daemon's user the operator names (see above), or None where none is named."""
+    named = os.environ.get(DAEMON_USER_ENV, "").strip()
+    if named.isdigit():
+        return int(named)
+    try:
+        return pwd.getpwnam(named or DEFAULT_DAEMON_USER).pw_uid
+    except KeyError:
+        if named:
+            raise SocketRefusedError(f"{DAEMON_USER_ENV}={named!r} names no user of this machine; give the "
+                                     "user name or uid engramd runs as") from None
+        return None
 
 
 def _trusted(info: os.stat_result) -> bool:
-    if info.st_uid in (0, os.geteuid()):
-        return True
-    return info.st_gid != 0 and info.st_gid in {os.getegid(), *os.getgroups()}
+    return info.st_uid in (0, os.geteuid()) or info.st_uid == named_daemon_uid()
+
+
+def _whom(info: os.stat_result) -> str:
+    """Whom the file's owner is not, why that matters, and how an operator names the daemon's user."""
+    named = os.environ.get(DAEMON_USER_ENV, "").strip()
+    if named:
+        daemon_user = f"{DAEMON_USER_ENV}={named}"
+    elif named_daemon_uid() is not None:
+        daemon_user = f"the account {DEFAULT_DAEMON_USER}, as no {DAEMON_USER_ENV} is set"
+    else:
+        daemon_user = f"no {DAEMON_USER_ENV} is set"
+    return (f"which is neither root, this user (uid {os.geteuid()}), nor the daemon's user ({daemon_user}; "
+            "a group in common does not count); another user could be posing as engramd there. If uid "
+            f"{info.st_uid} is the user engramd runs as, say so: {DAEMON_USER_ENV}={info.st_uid}")
 
 
 def _root_trusts_its_owner(dir_info: os.stat_result) -> bool:
@@ -53,8 +86,7 @@ def check_socket_trust(socket_path: str) -> os.stat_result | None:
     root_trusts = _root_trusts_its_owner(dir_info)
     if not (_trusted(dir_info) or root_trusts):
         raise SocketRefusedError(f"refusing to talk to engramd through {directory}: the directory belongs to "
-                                     f"{_owner(dir_info)}, which is neither root, this user, nor a group of this "
-                                     "user; another user could be posing as engramd there")
+                                     f"{_owner(dir_info)}, {_whom(dir_info)}")
     writable_by_others = dir_info.st_mode & _GROUP_OR_OTHER_WRITE
     if writable_by_others and not dir_info.st_mode & stat.S_ISVTX:
         raise SocketRefusedError(f"refusing to talk to engramd through {directory}: the directory is writable "
@@ -67,8 +99,7 @@ def check_socket_trust(socket_path: str) -> os.stat_result | None:
     if not stat.S_ISSOCK(sock_info.st_mode) or not (_trusted(sock_info) or root_trusts):
         kind = "socket" if stat.S_ISSOCK(sock_info.st_mode) else "non-socket file"
         raise SocketRefusedError(f"refusing to talk to engramd through {socket_path}: it is a {kind} of "
-                                     f"{_owner(sock_info)}, which is neither root, this user, nor a group of this "
-                                     "user; another user could be posing as engramd there")
+                                     f"{_owner(sock_info)}, {_whom(sock_info)}")
     return sock_info
 
 
@@ -94,11 +125,12 @@ def check_reply_sender(socket_path: str, peer_address: str | None, socket_file: 
 def check_table_owner(path: str, info: os.stat_result, daemon_uid: int | None = None, kind: str = "table file",
                       error: type[Exception] = TableFileError) -> None:
     """Raise ``error`` unless ``info`` (fstat of the opened table file, or of another file the daemon
-    publishes beside it: ``kind``) is a regular file of root, this user, a group of this user (the
-    daemon's ``--group``), or ``daemon_uid`` (the owner of the socket file this client checked and talks through)."""
+    publishes beside it: ``kind``) is a regular file of root, this user, the named daemon user, or
+    ``daemon_uid`` (the owner of the socket file this client checked and talks through); never of a
+    user only because its group is one of this user's."""
     if not stat.S_ISREG(info.st_mode):
         raise error(f"refusing to map {path}: it is not a regular file")
     if not (_trusted(info) or (daemon_uid is not None and info.st_uid == daemon_uid)):
         raise error(f"refusing to map {path}: the {kind} belongs to {_owner(info)}, which is neither "
-                    "root, this user, nor a group of this user (the daemon's --group); another user's "
-                    f"file is not engramd's {kind}")
+                    "root, this user, the daemon's user, nor the owner of the socket this client talks "
+                    f"through; another user's file is not engramd's {kind}")

@@ -18,6 +18,7 @@ SOCKET = "ENGRAMD_SOCKET"  # the daemon's request endpoint (also serve's --socke
 CONFIG = "ENGRAMD_CONFIG"  # serve's TOML settings file (--config)
 VLLM = "ENGRAMD_VLLM"
 SGLANG = "ENGRAMD_SGLANG"
+DAEMON_USER = "ENGRAMD_DAEMON_USER"
 TEST_BIND_NODE = "ENGRAMD_TEST_BIND_NODE"
 TEST_LOCK_GATE = "ENGRAMD_TEST_LOCK_GATE"
 
@@ -26,6 +27,7 @@ READERS = {
     CONFIG: "engramd serve (--config)",
     VLLM: "the vLLM plugin: 1 switches it on (engram_client/integrations/vllm/settings.py)",
     SGLANG: "the SGLang plugin: 1 switches it on",
+    DAEMON_USER: "every client: the daemon's user it trusts beside root and itself (engram_client/attach/socket_trust.py)",
     TEST_BIND_NODE: "tests only: binds every NUMA replica to this real node (engramd/daemon/replicas.py)",
     TEST_LOCK_GATE: "tests only: pauses the daemon's start at its endpoint lock (tests/lock_pause_site)",
 }

@@ -161,8 +161,13 @@ def demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int)
 @click.option("--force", is_flag=True, help="Replace the keys DIRECTORY already holds.")
 def keys(directory: str, force: bool) -> None:
     """Create CURVE keys for --remote-status: a server keypair and one authorized client keypair."""
-    from ..daemon.remote_status import create_keys
+    from ..daemon.curve_keys import CurveConfigError, check_keys_directory, create_keys
 
+    try:  # before anything is read or written there: another user's directory may hold planted keys
+        if os.path.lexists(directory):
+            check_keys_directory(directory, "keys directory")
+    except CurveConfigError as exc:
+        fail(str(exc))
     existing = [name for name in ("server.key_secret", "client.key_secret")
                 if os.path.exists(os.path.join(directory, name))]
     if existing and not force:
@@ -171,6 +176,8 @@ def keys(directory: str, force: bool) -> None:
              "monitors keep using them. Pass --force to replace them")
     try:
         paths = create_keys(directory)
+    except CurveConfigError as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"cannot create CURVE keys in {directory}: {describe_os_error(exc)}")
     click.echo(f"server: {paths['server_secret']} (give the daemon --curve-keys-dir {directory})")

@@ -35,7 +35,7 @@ from ..guards.fd_limits import PeerCap, peer_budget, raise_nofile_limit
 from .gather_budget import serve_budget
 from ..guards.lease_limits import Holder
 from ..guards.log_limit import LogLimiter, clip
-from ..guards.endpoint_lock import EndpointLock
+from ..guards.endpoint_lock import EndpointLock, warn_if_group_cannot_pass
 from ..guards.memory_trim import HeapTrimmer
 from ..reporting.progress import progress_for
 from ..reporting.metrics import NO_OPERATION, Metrics, NoMetrics
@@ -61,7 +61,7 @@ class Server:
         if assert_roundtrip.get("op") != "status":
             raise ProtocolError("msgpack round-trip self-check failed")
         self.config = config
-        self.lock = EndpointLock(config.endpoint)
+        self.lock = EndpointLock(config.endpoint, config.gid)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.context = zmq.Context()
         self.router = self.pub = self.remote = self.peer_cap = self.budget = None
@@ -136,10 +136,9 @@ class Server:
         gid = self.config.gid
         if gid is not None:
             os.chown(path, -1, gid)
-            directory = os.path.dirname(path)
-            if os.stat(directory).st_uid == os.getuid():
-                os.chown(directory, -1, gid)
-                os.chmod(directory, 0o750)
+            directory = os.path.dirname(path) or "."
+            if directory != (os.path.dirname(endpoints.ipc_path(self.config.endpoint)) or "."):
+                warn_if_group_cannot_pass(directory, gid)  # an --events-socket elsewhere: never ours to re-mode
         os.chmod(path, 0o660 if gid is not None else 0o600)
 
     def _unlink_socket_file(self, path: str) -> None:

@@ -90,8 +90,10 @@ def foreign_reason(path: str) -> str | None:
     return None
 
 
-def check_directory(path: str, what: str, must_be_ours: bool = False) -> None:
-    """Raise unless names in ``path`` can only be made, renamed or removed by us (or root)."""
+def check_directory(path: str, what: str, must_be_ours: bool = False, sticky_ok: bool = True) -> None:
+    """Raise unless names in ``path`` can only be made, renamed or removed by us (or root); a
+    directory others may write is taken with the sticky bit (others' names cannot replace
+    ours there) unless ``sticky_ok`` is False (every name in it counts, as keys do)."""
     try:
         info = os.lstat(path)
     except OSError as exc:
@@ -106,7 +108,7 @@ def check_directory(path: str, what: str, must_be_ours: bool = False) -> None:
                               f"({describe_owner(os.geteuid())}); another user could replace what engramd puts "
                               "there. Remove it or choose another path")
     sticky = bool(info.st_mode & stat.S_ISVTX)
-    if info.st_mode & GROUP_OR_OTHER_WRITE and (must_be_ours or not sticky):
+    if info.st_mode & GROUP_OR_OTHER_WRITE and (must_be_ours or not sticky_ok or not sticky):
         raise UnsafePathError(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}"
                               f"{'' if sticky else ', no sticky bit'}); another user could replace what engramd "
                               "puts there. Use a directory only engramd's user may write")
@@ -163,17 +165,42 @@ def release_lock(path: str, fd: int) -> None:
     os.close(fd)
 
 
-def prepare_socket_dir(directory: str, default: bool) -> None:
+def prepare_socket_dir(directory: str, default: bool) -> bool:
     """Create the socket's directory 0700 if absent; otherwise check that no other user can
     swap the socket in it.  The default directory (under $TMPDIR) must be ours outright:
-    anyone could have made it first."""
+    anyone could have made it first.  Returns whether this call created it."""
     try:
         os.makedirs(directory, mode=0o700)
+        created = True
     except FileExistsError:
-        pass
+        created = False
     except OSError as exc:
         raise UnsafePathError(f"cannot create the socket directory {directory}: {exc.strerror}") from exc
     check_directory(directory, "socket directory", must_be_ours=default)
+    return created
+
+
+def group_cannot_pass(directory: str, gid: int) -> str | None:
+    """Why members of group ``gid`` cannot reach a socket inside ``directory`` (they need its
+    search bit, as its group or as others), or None if they can."""
+    info = os.stat(directory)
+    if info.st_mode & stat.S_IXOTH or (info.st_gid == gid and info.st_mode & stat.S_IXGRP):
+        return None
+    return (f"{directory} (mode {stat.S_IMODE(info.st_mode):04o}, gid {info.st_gid}) does not let members of "
+            f"gid {gid} through")
+
+
+def others_may_create_names(directory: str) -> bool:
+    """Whether users other than the directory's owner may add names to it (sticky or not)."""
+    return bool(os.lstat(directory).st_mode & GROUP_OR_OTHER_WRITE)
+
+
+def remove_if_empty(path: str) -> None:
+    """Tidy away a directory of ours at a stop that left nothing in it (rmdir: never its contents)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _kind(info: os.stat_result) -> str:

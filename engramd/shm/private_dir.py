@@ -12,13 +12,15 @@ works in a directory of its own, that nobody else may write:
         engramd-<instance>-g<N>.table             0710 and group G: G's ranks may open a
         engramd-<instance>-g<N>.table.partial     table by its name, not list or add names
         engramd-<instance>.served
+        engramd-<instance>.lock
 
 If something else already holds that name, the daemon makes
 ``engramd-<instance>.<16 random hex digits>`` instead (``mkdir`` fails rather than reuse
 a name that exists) and says so in the log.  The next start finds it again by its owner:
 no other user can make a directory that belongs to the daemon's user, and none can
-remove or rename one in a sticky directory.  The lock file stays in the shm dir
-(shm/table_files.py): it is what tells which daemon owns an instance's files.
+remove or rename one in a sticky directory.  The instance's lock file lives in it too
+(shm/table_files.py): it tells which daemon owns an instance's files, and in the shm dir its
+predictable name could be planted first, which stopped the daemon from starting.
 
 Owns these directories; the files in them belong to shm/table_files.py and served_record.py.
 """
@@ -32,16 +34,10 @@ import stat
 
 from engram_client.core.errors import TableFileError
 
-from ..guards.safe_paths import GROUP_OR_OTHER_WRITE, describe_owner
+from ..guards.safe_paths import describe_owner, others_may_create_names
 
 log = logging.getLogger("engramd.table_store")
 _DIR_NAME = re.compile(r"^engramd-([0-9a-f]{12})(?:\.[0-9a-f]{16})?$")
-
-
-def others_may_create_names(directory: str) -> bool:
-    """Whether users other than the directory's owner may add names to it (safe_paths has
-    already refused such a directory without the sticky bit)."""
-    return bool(os.lstat(directory).st_mode & GROUP_OR_OTHER_WRITE)
 
 
 def own_directories(shm_dir: str) -> list[tuple[str, str]]:
@@ -136,11 +132,3 @@ def existing_files_directory(shm_dir: str, instance: str) -> str | None:
     except OSError:
         return None
     return mine[0] if mine else None
-
-
-def remove_if_empty(path: str) -> None:
-    """Tidy away our directory at a stop that left nothing in it."""
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass

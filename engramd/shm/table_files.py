@@ -3,12 +3,13 @@
 Each daemon instance (one per request endpoint) owns the files named
 ``engramd-<instance>-g<generation>.table`` (with ``--numa-replicas``, the first replica; each further
 one ``engramd-<instance>-g<generation>-n<node>.table``; and ``.hot``, a hot-row list: hot_rows_file.py)
-and holds an exclusive ``flock`` on ``engramd-<instance>.lock`` for as long as it lives.  It writes its tables in its files
-directory: the shm dir itself, or, where other users may create names in the shm dir, a
-directory of its own inside it (private_dir.py).  At start a daemon removes every
-``engramd-*`` table file, in the shm dir and in this user's files directories, whose
-owner's lock is free (that owner is dead), and never touches a file whose owner's lock
-is held, nor one of another user.
+and holds an exclusive ``flock`` on ``engramd-<instance>.lock`` for as long as it lives.  It keeps the lock, its tables
+and its served record in its files directory: the shm dir itself, or, where other users may create names
+in the shm dir, a directory of its own inside it (private_dir.py), where nobody else can plant the
+lock's name (a file planted under a predictable name in /dev/shm stopped the daemon from
+starting).  At start a daemon removes every ``engramd-*`` table file, in the shm dir and in
+this user's files directories, whose owner's lock is free (that owner is dead), and never
+touches a file whose owner's lock is held, nor one of another user.
 
 A table is written as ``<name>.partial`` with header state *writing*, then flushed,
 marked *complete* and renamed: its final name appears only when every byte is in
@@ -19,8 +20,6 @@ Owns files in the shm dir whose names it made; must not touch anything else ther
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import logging
 import mmap
@@ -31,11 +30,12 @@ from dataclasses import dataclass
 from engram_client.core.errors import ShmSpaceError, TableFileError
 from engram_client.core.table_file import STATE_COMPLETE, STATE_OFFSET, STATE_WRITING, TableHeader
 
-from ..guards.lock_owner import holder
+from ..guards.lock_owner import holder, lock_is_held, write_pid
 from .fs_check import HUGETLBFS_MAGIC, statfs_magic
 from .numa import BoundMapping
-from .private_dir import files_directory, own_directories, remove_if_empty
-from ..guards.safe_paths import UnsafePathError, check_directory, foreign_reason, release_lock, take_lock
+from .private_dir import files_directory, own_directories
+from ..guards.safe_paths import (UnsafePathError, check_directory, foreign_reason, release_lock, remove_if_empty,
+                                 take_lock)
 from ..reporting.sizes import human_bytes
 
 log = logging.getLogger("engramd.table_store")
@@ -63,33 +63,29 @@ class ShmDir:
         if not os.path.isdir(self.directory):
             raise TableFileError(f"shm dir {self.directory} does not exist")
         check_directory(self.directory, "shm dir")  # a shared one must be sticky, like /dev/shm
-        self.lock_path = os.path.join(self.directory, f"engramd-{instance}.lock")
+        # Chosen before the lock is held: the endpoint's lock (guards/endpoint_lock.py) keeps a second
+        # daemon of this instance out meanwhile; this lock tells other instances that its files are live.
+        self.files_dir = files_directory(self.directory, instance, gid)
+        self.lock_path = os.path.join(self.files_dir, f"engramd-{instance}.lock")
         try:
             self._lock_fd = take_lock(self.lock_path, "lock file", lambda: (
                 f"another live engramd{holder(self.lock_path)} already owns it (same endpoint and shm dir); "
                 "stop it first"))
         except UnsafePathError as exc:
-            raise TableFileError(str(exc)) from exc
-        try:  # the pid is for people reading the dir; hugetlbfs has no write(2), and that is fine
-            os.ftruncate(self._lock_fd, 0)
-            os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        except OSError:
-            pass
-        try:
-            self.files_dir = files_directory(self.directory, instance, gid)
-        except BaseException:
+            self._lock_fd = -1
             self.close()
-            raise
+            raise TableFileError(str(exc)) from exc
+        write_pid(self._lock_fd)  # for people reading the dir
         # Where table files of this user's daemons may be, ours and dead ones': looked at once, at start.
         self.scanned_dirs = [self.directory] + [path for _, path in own_directories(self.directory)
                                                 if path != self.directory]
 
     def close(self) -> None:
-        if getattr(self, "files_dir", self.directory) != self.directory:
-            remove_if_empty(self.files_dir)
         if self._lock_fd >= 0:
             release_lock(self.lock_path, self._lock_fd)  # unlinked while held: see take_lock
             self._lock_fd = -1
+        if self.files_dir != self.directory:
+            remove_if_empty(self.files_dir)  # after the lock file went: empty once no table is left
 
     def table_path(self, generation: int, node: int | None = None) -> str:
         """The first replica's (or the only table's) path; ``node``: a further replica's."""
@@ -116,7 +112,7 @@ class ShmDir:
             owner, partial = match.group(1), bool(match.group(5))
             if owner == self.instance and not partial and match.group(4) == "table":
                 continue  # a complete table of ours, left by our predecessor: see own_tables()
-            if owner != self.instance and self._owner_alive(owner):
+            if owner != self.instance and self._owner_alive(owner, os.path.dirname(path)):
                 continue
             if foreign_reason(path) is not None:
                 continue  # another user's file: never ours to remove
@@ -153,24 +149,12 @@ class ShmDir:
         except FileNotFoundError:
             return False
 
-    def _owner_alive(self, owner: str) -> bool:
-        lock_path = os.path.join(self.directory, f"engramd-{owner}.lock")
-        try:
-            # Never follow a planted link, nor block opening a FIFO planted under a lock's name.
-            fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True  # not a lock we can judge: leave that owner's files alone
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return True
-            raise
-        finally:
-            os.close(fd)
-        return False
+    def _owner_alive(self, owner: str, directory: str) -> bool:
+        """Whether the daemon owning files in ``directory`` holds its lock, kept beside them; a daemon of
+        an older engramd kept it in the shm dir itself (counted only if it is this user's own file)."""
+        legacy = os.path.join(self.directory, f"engramd-{owner}.lock")
+        return lock_is_held(os.path.join(directory, f"engramd-{owner}.lock")) or (
+            directory != self.directory and foreign_reason(legacy) is None and lock_is_held(legacy))
 
     def check_space(self, nbytes: int, copies: int = 1) -> None:
         """Room for ``copies`` tables of ``nbytes`` (one per NUMA replica)."""

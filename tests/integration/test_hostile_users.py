@@ -49,20 +49,35 @@ def test_a_table_planted_by_another_user_is_not_adopted_nor_removed(daemon_facto
     assert os.path.exists(planted), "another user's file was unlinked"
 
 
-def test_lock_file_symlink_is_not_followed(daemon_factory, socket_dir, shared_shm, other_user, tmp_path):
+def planted_lock_name(where: str, socket_dir: str, shared_shm: str) -> str:
+    """Where a lock's name can be worked out and planted: the shm dir's instance lock (which now
+    lives in the daemon's own directory, so the name planted in the shm dir is only a name), or the
+    socket's lock in a shared sticky socket directory (which still guards that path)."""
+    if where == "socket":
+        os.chmod(socket_dir, 0o1777)
+        return os.path.join(socket_dir, "engramd.sock.lock")
+    return os.path.join(shared_shm, f"engramd-{instance_id(f'ipc://{socket_dir}/engramd.sock')}.lock")
+
+
+@pytest.mark.parametrize("where", ["shm", "socket"])
+def test_lock_file_symlink_is_not_followed(daemon_factory, socket_dir, shared_shm, other_user, tmp_path, where):
     victim = tmp_path / "victim"
     victim.write_text("root's data\n")
-    lock = os.path.join(shared_shm, f"engramd-{instance_id(f'ipc://{socket_dir}/engramd.sock')}.lock")
+    lock = planted_lock_name(where, socket_dir, shared_shm)
     other_user.run("ln", "-s", str(victim), lock)
     daemon = daemon_factory()
-    assert daemon.proc.wait(timeout=60) == 1
+    if where == "shm":
+        daemon.wait_state("ready")
+    else:
+        assert daemon.proc.wait(timeout=60) == 1
+        assert lock in daemon.log() and "symbolic link" in daemon.log()
     assert victim.read_text() == "root's data\n", "the lock file's symlink was followed"
-    assert lock in daemon.log() and "symbolic link" in daemon.log()
     assert os.path.islink(lock)
 
 
-def test_lock_file_held_by_another_user_names_the_holder(daemon_factory, socket_dir, shared_shm, other_user):
-    lock = os.path.join(shared_shm, f"engramd-{instance_id(f'ipc://{socket_dir}/engramd.sock')}.lock")
+@pytest.mark.parametrize("where", ["shm", "socket"])
+def test_lock_file_held_by_another_user_names_the_holder(daemon_factory, socket_dir, shared_shm, other_user, where):
+    lock = planted_lock_name(where, socket_dir, shared_shm)
     holder = other_user.spawn_python(
         "import fcntl, os, sys, time\n"
         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
@@ -72,9 +87,13 @@ def test_lock_file_held_by_another_user_names_the_holder(daemon_factory, socket_
     try:
         assert holder.stdout.readline().strip() == "held"
         daemon = daemon_factory()
-        assert daemon.proc.wait(timeout=60) == 1
-        log = daemon.log()
-        assert lock in log and (f"uid {other_user.uid}" in log or f"pid {holder.pid}" in log), log
+        if where == "shm":  # the name in the shm dir is not the daemon's lock: it serves
+            assert daemon.wait_state("ready")["table_path"]
+            assert os.stat(lock).st_uid == other_user.uid
+        else:
+            assert daemon.proc.wait(timeout=60) == 1
+            log = daemon.log()
+            assert lock in log and (f"uid {other_user.uid}" in log or f"pid {holder.pid}" in log), log
     finally:
         holder.kill()
         holder.wait(timeout=30)

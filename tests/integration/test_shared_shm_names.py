@@ -2,7 +2,8 @@
 
 Before the daemon starts, a second real user (other_user) plants every name the daemon once
 wrote in the shm dir itself: each generation's ``*.table.partial`` and ``*.table``, the served
-record and a temporary of it, and the name of the daemon's own directory.  The daemon runs as
+record and a temporary of it, the instance's lock file (whose name anyone can work out: before,
+it alone stopped the daemon from starting), and the name of the daemon's own directory.  The daemon runs as
 root, and as a third, unprivileged user (daemon_user), who can neither rename over nor remove
 what the planter owns.  Each must load, reload, and after kill -9 restart onto the reloaded
 checkpoint, leaving every planted file as it was.
@@ -33,7 +34,7 @@ PLANT = textwrap.dedent("""
     import os, sys
     shm, instance, directory_too, content = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
     names = [f"engramd-{instance}-g{n}.table{suffix}" for n in range(1, 5) for suffix in ("", ".partial")]
-    names += [f"engramd-{instance}.served", f"engramd-{instance}.served.tmp-1"]
+    names += [f"engramd-{instance}.served", f"engramd-{instance}.served.tmp-1", f"engramd-{instance}.lock"]
     for name in names:
         with open(os.path.join(shm, name), "w") as f:
             f.write(content)

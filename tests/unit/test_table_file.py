@@ -325,6 +325,31 @@ def test_remove_orphans_spares_live_owners_and_other_files(tmp_path):
         mine.close()
 
 
+def test_in_a_shared_shm_dir_the_lock_lives_in_the_daemons_own_directory(tmp_path):
+    """Anyone could plant engramd-<id>.lock in /dev/shm (the name is the endpoint's hash) and keep
+    the daemon from starting; in its own directory nobody else can, and a second owner is still refused."""
+    os.chmod(tmp_path, 0o1777)
+    inst, other = instance_id("ipc:///tmp/one"), instance_id("ipc:///tmp/two")
+    planted = tmp_path / f"engramd-{inst}.lock"
+    planted.symlink_to(tmp_path / "victim")
+    first = ShmDir(str(tmp_path), inst)
+    try:
+        assert os.path.dirname(first.lock_path) == first.files_dir != str(tmp_path)
+        with pytest.raises(TableFileError, match="another live engramd"):
+            ShmDir(str(tmp_path), inst)
+        neighbour = ShmDir(str(tmp_path), other)  # another instance judges first's files by first's lock
+        live = first.table_path(3)
+        open(live, "wb").close()
+        assert neighbour.remove_orphans() == [] and os.path.exists(live)
+        first.close()
+        assert neighbour.remove_orphans() == [live]
+        neighbour.close()
+    finally:
+        first.close()
+    assert os.path.islink(planted) and not (tmp_path / "victim").exists()
+    assert sorted(os.listdir(tmp_path)) == [planted.name], "a directory or lock was left after the stop"
+
+
 # --- fill_table -------------------------------------------------------------------------
 
 def packed_rows(path: str, offset: int, layout: LayerLayout) -> np.ndarray:
