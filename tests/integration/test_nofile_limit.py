@@ -192,7 +192,10 @@ def test_one_user_cannot_take_the_places_of_another(socket_dir, shm_dir, other_u
     second = OtherUser(daemon_user.name, daemon_user.uid, other_user.gid)  # another member of that group
     nofile = 160
     per_user = peer_budget(nofile) // USER_SHARE
-    endpoint = f"ipc://{socket_dir}/engramd.sock"
+    # The daemon gives G only a socket directory it creates itself (test_socket_dir_modes.py): the
+    # members reach it through the test's own directory, which they may pass but not list.
+    os.chmod(socket_dir, 0o711)
+    endpoint = f"ipc://{socket_dir}/sockets/engramd.sock"
     path = endpoint[len("ipc://"):]
     daemon = _serve(endpoint, shm_dir, nofile, "--group", group, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL)
