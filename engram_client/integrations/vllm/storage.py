@@ -29,6 +29,10 @@ from .weights import check_loaded_weight
 
 
 class EngramdStorage:
+    # vLLM 0.34.0 asks its storage whether the GPU maps the table with 2 MiB pages (its cuMem table)
+    # for a log line and its own lookup's row sort; engramd's table is neither vLLM's nor looked up there.
+    huge_pages = False
+
     def __init__(self, num_rows: int, dim: int, block_size: int, group) -> None:
         self.group = group
         served: ServedLayer | None = None
