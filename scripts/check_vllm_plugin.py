@@ -1,4 +1,4 @@
-"""The vLLM plugin against a real vLLM package (0.33.0 or 0.34.0), on a machine without a GPU (run by check_vllm_plugin.sh).
+"""The vLLM plugin against a real vLLM 0.33.0 or 0.34.0 package, on a machine without a GPU (check_vllm_plugin.sh).
 
     python -P scripts/check_vllm_plugin.py WORKDIR VERSION    # in a venv holding vllm==VERSION and engramd
 

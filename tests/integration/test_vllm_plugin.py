@@ -1,4 +1,4 @@
-"""engramd's vLLM plugin driven by vLLM 0.33.0's and 0.34.0's call sequences: four ranks, a real daemon, real checkpoints.
+"""engramd's vLLM plugin driven by vLLM 0.33.0's and 0.34.0's call sequences: four ranks, a real daemon.
 
 vLLM is not installed here and its Engram code runs on GPUs only, so the ranks run the stand-in
 in tests/vllm_standin (its docstring says what it replays of each release).  Per release, four

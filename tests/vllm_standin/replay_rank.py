@@ -1,4 +1,4 @@
-"""One rank of a vLLM engine (0.33.0 or 0.34.0), replayed with the vLLM stand-in beside this file, against a real engramd.
+"""One rank of a vLLM 0.33.0 or 0.34.0 engine, replayed with the vLLM stand-in beside this file, on a real engramd.
 
 Run by tests/vllm_ranks.py as its own process (``python -P replay_rank.py SPEC``, this directory
 first on PYTHONPATH, so ``import vllm`` is the stand-in, then tests/).  It joins the other ranks in a real

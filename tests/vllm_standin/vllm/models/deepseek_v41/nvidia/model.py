@@ -1,4 +1,4 @@
-"""Stand-in for the Engram steps of vLLM 0.33.0's and 0.34.0's DeepSeek-V4.1 model (vllm/models/deepseek_v41/nvidia/model.py).
+"""Stand-in for the Engram steps of vllm/models/deepseek_v41/nvidia/model.py (vLLM 0.33.0 and 0.34.0): DeepSeek-V4.1.
 
 A stand-in for vLLM's GPU paths (see vllm/__init__.py here), replaying in vLLM's order:
 
