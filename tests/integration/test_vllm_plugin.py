@@ -80,6 +80,7 @@ def test_each_version_has_its_own_room_check_replaced_and_the_decode_chain_decis
         assert f"engramd serves vLLM {engine['version']}'s Engram tables (ENGRAMD_VLLM=1)" in serve["plugin_log"]
         assert ("vLLM's specialized decode may run each Engram layer's WKV ahead on engramd's rows: it waits for "
                 "Engram._prefetch_done, which the plugin records once they are in staged_rows") in serve["plugin_log"]
+        assert not serve["decode_imported_at_plugin_load"]  # its fence items are read from the installed source
 
 
 def test_vllm_0_34s_available_memory_check_does_not_turn_the_shared_tables_off(engine):

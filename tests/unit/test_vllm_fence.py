@@ -2,7 +2,8 @@
 
 The modules here are built in the test, with each release's signatures and calls (the real
 releases pass the same fences: scripts/check_engines.py on their wheels); each test changes one
-thing and hands the modules to ``check_vllm`` as vLLM's imports.
+thing and hands the modules to ``check_vllm`` as vLLM's imports (and the decode prefetch as
+the installed source text it reads).
 """
 from __future__ import annotations
 
@@ -106,31 +107,40 @@ def module(name: str, source: str) -> types.ModuleType:
     return built
 
 
-def vllm(version: str, *replacements: tuple[str, str], decode: str | None = DECODE_PREFETCH):
-    """An import function over ``version``'s modules, each (old, new) text of ENGRAM replaced first."""
-    source = ENGRAM
-    for key, value in RELEASES[version].items():
-        source = source.replace(key, value)
-    for old, new in replacements:
-        assert old in source, old
-        source = source.replace(old, new)
-    config = types.ModuleType("vllm.config")
-    config.get_current_vllm_config_or_none = lambda: None
-    modules = {ENGRAM_MODULE: module(ENGRAM_MODULE, source), "vllm.config": config}
-    if decode is not None:
-        modules[DECODE_PREFETCH_MODULE] = module(DECODE_PREFETCH_MODULE, decode)
+class Release:
+    """One release's modules: imported ones for the live check, the decode prefetch's source text."""
 
-    def import_module(name: str) -> types.ModuleType:
-        if name not in modules:
+    def __init__(self, version: str, *replacements: tuple[str, str], decode: str | None = DECODE_PREFETCH):
+        source = ENGRAM
+        for key, value in RELEASES[version].items():
+            source = source.replace(key, value)
+        for old, new in replacements:
+            assert old in source, old
+            source = source.replace(old, new)
+        config = types.ModuleType("vllm.config")
+        config.get_current_vllm_config_or_none = lambda: None
+        self.modules = {ENGRAM_MODULE: module(ENGRAM_MODULE, source), "vllm.config": config}
+        self.decode = decode
+
+    def import_module(self, name: str) -> types.ModuleType:
+        if name == DECODE_PREFETCH_MODULE:
+            raise AssertionError("the decode prefetch is read, never imported, at plugin load")
+        if name not in self.modules:
             raise ImportError(f"No module named {name!r}")
-        return modules[name]
+        return self.modules[name]
 
-    return import_module
+    def read_source(self, name: str) -> str | None:
+        assert name == DECODE_PREFETCH_MODULE, name  # only it is read from source
+        return self.decode
+
+
+def check(version: str, release: Release):
+    return fence.check_vllm(version, release.import_module, release.read_source)
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
 def test_each_checked_release_passes_its_own_fence_annotations_and_decorators_aside(version):
-    assert fence.check_vllm(version, vllm(version)).version == version
+    assert check(version, Release(version)).version == version
 
 
 def test_the_checked_versions_are_the_fences_and_each_has_its_room_check_replaced():
@@ -143,19 +153,19 @@ def test_another_vllm_version_is_refused_naming_the_checked_ones_and_the_pin(ver
     with pytest.raises(IntegrationError, match=rf"run against vllm 0\.33\.0, 0\.34\.0 only; this is vllm {version}\. "
                                                r"Install one of those \(pip install 'vllm==0\.34\.0', or pip install "
                                                r"'engramd\[vllm\]'.*\(unset ENGRAMD_VLLM\)$"):
-        fence.check_vllm(version, vllm("0.34.0"))
+        check(version, Release("0.34.0"))
 
 
 def test_a_release_is_held_to_its_own_fence_not_the_other_ones():
     # 0.33.0's room check under 0.34.0's version: the plugin would replace a name nothing calls.
     with pytest.raises(IntegrationError, match="can_share_engram_tables no longer uses _shm_shortfall"):
-        fence.check_vllm("0.34.0", vllm("0.33.0"))
+        check("0.34.0", Release("0.33.0"))
 
 
 def test_a_changed_signature_is_refused_naming_the_method_and_both_signatures():
     changed = ("def _start_prefetch(self, hash_ids, rows)", "def _start_prefetch(self, hash_ids, rows, stream=None)")
     with pytest.raises(IntegrationError) as raised:
-        fence.check_vllm("0.34.0", vllm("0.34.0", changed))
+        check("0.34.0", Release("0.34.0", changed))
     message = str(raised.value)
     assert message.startswith("engramd's vllm integration cannot patch vllm 0.34.0: "
                               "vllm.models.deepseek_v41.common.engram: Engram._start_prefetch is "
@@ -168,7 +178,7 @@ def test_a_storage_no_longer_built_through_the_patched_name_is_refused():
     elsewhere = ("storage = DPSharedEngramStorage(0, 0, 0, None)\n        return storage.load_weight", "return None")
     with pytest.raises(IntegrationError, match="ParallelEngramEmbedding._allocate_weights no longer uses "
                                                "DPSharedEngramStorage, load_weight"):
-        fence.check_vllm("0.33.0", vllm("0.33.0", elsewhere))
+        check("0.33.0", Release("0.33.0", elsewhere))
 
 
 def test_an_embedding_reaching_the_host_numa_table_itself_is_refused():
@@ -176,30 +186,27 @@ def test_an_embedding_reaching_the_host_numa_table_itself_is_refused():
     direct = ("storage = DPSharedEngramStorage(0, 0, 0, None)",
               "storage = DPSharedEngramStorage(0, 0, 0, engram_host_table.share_host_table(0, None))")
     with pytest.raises(IntegrationError, match="ParallelEngramEmbedding._allocate_weights now uses share_host_table"):
-        fence.check_vllm("0.34.0", vllm("0.34.0", direct))
+        check("0.34.0", Release("0.34.0", direct))
 
 
 def test_a_decode_chain_that_no_longer_waits_for_the_prefetch_event_is_refused():
     unordered = DECODE_PREFETCH.replace("self.stream.wait_event(self.engram._prefetch_done)\n", "")
     with pytest.raises(IntegrationError, match=r"EngramPrefetch\.start no longer uses _prefetch_done, wait_event"):
-        fence.check_vllm("0.34.0", vllm("0.34.0", decode=unordered))
+        check("0.34.0", Release("0.34.0", decode=unordered))
 
 
 def test_a_vllm_without_its_specialized_decode_is_served_and_the_log_says_why(caplog):
     with caplog.at_level(logging.INFO, logger="engram_client.integrations.vllm"):
-        fence.check_vllm("0.34.0", vllm("0.34.0", decode=None))
-    assert "vLLM 0.34.0's specialized decode cannot be imported here" in caplog.text
-    assert "its Engram WKV chain does not run" in caplog.text
+        check("0.34.0", Release("0.34.0", decode=None))
+    assert ("vLLM 0.34.0 has no specialized decode here (vllm/models/deepseek_v41/nvidia/specialized_decode/engram/"
+            "prefetch.py is missing): its Engram WKV chain does not run") in caplog.text
 
 
 def test_a_missing_name_of_another_vllm_module_is_refused():
-    imports = vllm("0.33.0")
-
-    def without_config(name: str) -> types.ModuleType:
-        return types.ModuleType(name) if name == "vllm.config" else imports(name)
-
+    release = Release("0.33.0")
+    release.modules["vllm.config"] = types.ModuleType("vllm.config")
     with pytest.raises(IntegrationError, match=r"vllm\.config: get_current_vllm_config_or_none is missing"):
-        fence.check_vllm("0.33.0", without_config)
+        check("0.33.0", release)
 
 
 def test_shape_keeps_names_kinds_and_defaults_only():

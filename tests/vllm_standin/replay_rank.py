@@ -127,7 +127,7 @@ def serve(spec: dict, state: dict) -> dict:
         lookup_device=str(first.table.device), pid=os.getpid(), replayed=REPLAYED,
         host_numa_calls=engram_host_table.calls, dp_shared_memory=model.engram_dp_shared_memory,
         room_checks=[vllm_engram.check_shm_free_space.__name__, vllm_engram._shm_shortfall.__name__],
-        plugin_log=state["plugin_log"],
+        plugin_log=state["plugin_log"], decode_imported_at_plugin_load=state["decode_imported"],
         table_exceeds_available_memory=table_bytes(model) > get_available_memory())
     return result
 
@@ -282,7 +282,9 @@ def main() -> None:
     logging.getLogger("engram_client.integrations.vllm").setLevel(logging.INFO)
     logging.getLogger("engram_client.integrations.vllm").addHandler(plugin_log)
     load_general_plugins()
-    state, outcomes = {"plugin_log": [record.getMessage() for record in plugin_log.buffer]}, {}
+    state = {"plugin_log": [record.getMessage() for record in plugin_log.buffer],
+             "decode_imported": "vllm.models.deepseek_v41.nvidia.specialized_decode" in sys.modules}
+    outcomes = {}
     for name in spec["scenarios"]:
         outcomes[name] = SCENARIOS[name](spec, state)
     with open(spec["out"], "w") as f:

@@ -7,17 +7,23 @@ any item that does not hold refuses the plugin with one IntegrationError naming 
 (``refuse_failures``).  So a vLLM upgrade fails at start-up, before a model is built, instead
 of serving wrong rows.  scripts/check_engines.py checks the same fences on the releases' wheels.
 
-One module of the fence may be absent: the specialized decode's Engram prefetch imports
-FlashInfer's MXFP8 kernels, which a vLLM build without them cannot import; that vLLM never
-runs the chain, so there is nothing of it to rely on, and the plugin says so in the log.
+One module is read, not imported: the specialized decode's Engram prefetch.  Importing it at
+plugin load would import the specialized decode (FlashInfer's MXFP8 kernels, NVIDIA ops) in
+every vLLM process, long before vLLM itself would; so its items are checked on the installed
+vLLM's source file (fence_sources.py, the reader scripts/check_engines.py uses).  A vLLM build
+without that file never runs the chain: nothing of it to rely on, and the log says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
+import os
+from typing import Callable
 
 from engram_client import IntegrationError
 from engram_client.integrations.engine_fence import Fence, check_live, fence_for, refuse_failures
+from engram_client.integrations.fence_sources import check_sources
 
 from .fences import DECODE_PREFETCH_MODULE, ENGRAM_MODULE, FENCES
 from .settings import ENABLE_VARIABLE
@@ -38,13 +44,35 @@ def fence_of(version: str) -> Fence:
         raise IntegrationError(f"{exc} (unset {ENABLE_VARIABLE})") from None
 
 
-def check_vllm(version: str, import_module=importlib.import_module) -> Fence:
+def installed_source(module: str) -> str | None:
+    """The text of vLLM's ``module`` as installed, found under the imported vllm package without
+    importing the module or its packages; None where there is no such file."""
+    import vllm
+
+    path = os.path.join(os.path.dirname(vllm.__file__), *module.split(".")[1:])
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            with open(candidate, encoding="utf-8") as f:
+                return f.read()
+    return None
+
+
+def _part(fence: Fence, keep: Callable[[str], bool]) -> Fence:
+    """``fence`` with the items of the modules ``keep`` accepts only."""
+    tables = {name: {module: items for module, items in getattr(fence, name).items() if keep(module)}
+              for name in ("signatures", "calls", "names", "constants", "avoids")}
+    return dataclasses.replace(fence, **tables)
+
+
+def check_vllm(version: str, import_module=importlib.import_module,
+               read_source: Callable[[str], str | None] = installed_source) -> Fence:
     """Refuse with IntegrationError unless every item of ``version``'s fence holds; returns the fence."""
     fence = fence_of(version)
-    findings = check_live(fence, import_module)
-    decode_missing = [f for f in findings if f.module == DECODE_PREFETCH_MODULE and f.kind == "module"]
-    if decode_missing:
-        log.info("vLLM %s's specialized decode cannot be imported here (%s): its Engram WKV chain does not run",
-                 version, decode_missing[0].detail)
-    refuse_failures(fence, [f for f in findings if f not in decode_missing], SWITCH_OFF)
+    findings = check_live(_part(fence, lambda module: module != DECODE_PREFETCH_MODULE), import_module)
+    decode = check_sources(_part(fence, lambda module: module == DECODE_PREFETCH_MODULE), read_source)
+    if any(f.kind == "module" for f in decode):
+        log.info("vLLM %s has no specialized decode here (%s): its Engram WKV chain does not run",
+                 version, DECODE_PREFETCH_MODULE.replace(".", "/") + ".py is missing")
+        decode = []
+    refuse_failures(fence, findings + decode, SWITCH_OFF)
     return fence
