@@ -7,7 +7,7 @@ eagerly and inside one captured CUDA graph replayed on new ids (vLLM's FULL mode
 replay with DEAD_ID among them), every head compared bit for bit with the checkpoint after the
 TP gather; DEAD ids and an id outside the rank's rows on GPU ids; the specialized decode's WKV
 chain reading engramd's rows from its side stream; the daemon killed and restarted under the
-running ranks.
+running ranks, and the graph captured after that.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from conftest import DaemonProcess
 from vllm_ranks import collect_ranks, restart_daemon_under, start_ranks, write_checkpoints
 
 pytestmark = pytest.mark.gpu
-SCENARIOS = ["serve", "graph", "dead_ids", "decode_chain", "daemon_restart"]
+# The graph last: the eager scenarios then never wait on an event last recorded inside its capture.
+SCENARIOS = ["serve", "dead_ids", "decode_chain", "daemon_restart", "graph"]
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])

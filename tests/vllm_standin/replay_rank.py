@@ -151,7 +151,8 @@ def dead_ids(spec: dict, state: dict) -> dict:
     for engram in model.engrams.values():
         engram.staged_rows.fill_(float("nan"))
     looked_up = model.dummy_run(torch.zeros(TOKENS, dtype=torch.int64, device=device))
-    dummy_rows_zero = all(bool((engram._ready_rows(TOKENS) == 0).all()) for engram in model.engrams.values())
+    # Waited for only where the dummy run looked up: the event may have been recorded last in a capture.
+    dummy_rows_zero = bool(looked_up) and all(bool((e._ready_rows(TOKENS) == 0).all()) for e in model.engrams.values())
     hashes = hashes_for(model, seed=7 + dist.get_rank() // spec["tp"], device=device)
     hashes[::3] = vllm_engram.DEAD_ID  # every third token dead (an image span) ...
     hashes[1::3, :, ::2] = vllm_engram.DEAD_ID  # ... and every other head of the tokens after them
