@@ -59,8 +59,8 @@ def installed_source(module: str) -> str | None:
 
 def _part(fence: Fence, keep: Callable[[str], bool]) -> Fence:
     """``fence`` with the items of the modules ``keep`` accepts only."""
-    tables = {name: {module: items for module, items in getattr(fence, name).items() if keep(module)}
-              for name in ("signatures", "calls", "names", "constants", "avoids")}
+    tables = {f.name: {module: items for module, items in getattr(fence, f.name).items() if keep(module)}
+              for f in dataclasses.fields(fence) if f.name not in ("engine", "version")}
     return dataclasses.replace(fence, **tables)
 
 

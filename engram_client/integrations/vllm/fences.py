@@ -23,6 +23,7 @@ from engram_client.integrations.engine_fence import Fence
 
 ENGRAM_MODULE = "vllm.models.deepseek_v41.common.engram"
 DECODE_PREFETCH_MODULE = "vllm.models.deepseek_v41.nvidia.specialized_decode.engram.prefetch"
+DEAD_ID = -1  # vLLM's "no row" id, as both releases define it; lookups.py gives it zero rows
 
 # What the plugin replaces or calls, unchanged from 0.33.0 to 0.34.0.
 _SIGNATURES = {
@@ -56,7 +57,7 @@ _DECODE_PREFETCH = {
               "EngramPrefetch.start": ("_prefetch_done", "wait_event", "staged_rows")},
 }
 _NAMES = {"vllm.config": ("get_current_vllm_config_or_none",)}
-_CONSTANTS = {ENGRAM_MODULE: {"DEAD_ID": -1}}
+_CONSTANTS = {ENGRAM_MODULE: {"DEAD_ID": DEAD_ID}}
 
 FENCES = {
     "0.33.0": Fence(

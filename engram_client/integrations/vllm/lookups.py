@@ -32,10 +32,9 @@ import torch
 
 from engram_client import IntegrationError
 
+from .fences import DEAD_ID
 from .served_layer import ServedLayer
 from .storage import EngramdStorage
-
-DEAD_ID = -1  # vLLM's "no row" id (its engram module's DEAD_ID; the fence holds the value)
 
 
 def served_of(embedding) -> ServedLayer:
