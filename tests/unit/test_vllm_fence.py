@@ -13,7 +13,6 @@ import types
 import pytest
 
 from engram_client import IntegrationError
-from engram_client.integrations.engine_fence import shape
 from engram_client.integrations.vllm import fence
 from engram_client.integrations.vllm.fences import DECODE_PREFETCH_MODULE, ENGRAM_MODULE, FENCES
 from engram_client.integrations.vllm.patches import SHM_CHECKS
@@ -208,11 +207,3 @@ def test_a_missing_name_of_another_vllm_module_is_refused():
     with pytest.raises(IntegrationError, match=r"vllm\.config: get_current_vllm_config_or_none is missing"):
         check("0.33.0", release)
 
-
-def test_shape_keeps_names_kinds_and_defaults_only():
-    def f(a: int, b: str = "x", *args, c: float = 1.0, **kwargs) -> None: ...
-
-    def g(a, /, b, *, c): ...
-
-    assert shape(f) == "(a, b='x', *args, c=1.0, **kwargs)"
-    assert shape(g) == "(a, /, b, *, c)"
