@@ -1,13 +1,14 @@
-"""The vLLM plugin against the real vLLM 0.33.0 package, on a machine without a GPU (run by check_vllm_plugin.sh).
+"""The vLLM plugin against a real vLLM 0.33.0 or 0.34.0 package, on a machine without a GPU (check_vllm_plugin.sh).
 
-    python -P scripts/check_vllm_plugin.py WORKDIR      # in a venv holding vllm==0.33.0 and engramd
+    python -P scripts/check_vllm_plugin.py WORKDIR VERSION    # in a venv holding vllm==VERSION and engramd
 
 What it checks, in order, printing one line each (exit 1 at the first that fails):
 
 1. the installed engramd registers ``engramd`` in ``vllm.general_plugins`` and vLLM finds it;
 2. without ENGRAMD_VLLM, vLLM's own ``load_general_plugins()`` leaves vLLM as it is (its Engram
    module is not even imported);
-3. with ENGRAMD_VLLM=1 it patches the real classes (each replaced name is the plugin's);
+3. with ENGRAMD_VLLM=1 it patches the real classes (each replaced name is the plugin's, the
+   room check being that version's: ``check_shm_free_space`` in 0.33.0, ``_shm_shortfall`` in 0.34.0);
 4. vLLM's call sites pass what the patched classes accept: the ``DPSharedEngramStorage(...)``
    call in ``_allocate_weights`` and the ``ParallelEngramEmbedding(...)`` call in
    ``Engram._create_embedding``, read from vLLM's source, bind to the new signatures;
@@ -73,12 +74,15 @@ def patches() -> None:
     load_general_plugins()
     import importlib
 
+    import vllm
+
     from engram_client.integrations.vllm import lookups, patches as applied, storage
 
     engram = importlib.import_module(ENGRAM)
+    room_check, replacement = applied.SHM_CHECKS[vllm.__version__]
     replaced = {
         "DPSharedEngramStorage": engram.DPSharedEngramStorage is storage.EngramdStorage,
-        "check_shm_free_space": engram.check_shm_free_space is applied.no_shm_table,
+        room_check: getattr(engram, room_check) is replacement,
         "ParallelEngramEmbedding.__init__":
             engram.ParallelEngramEmbedding.__init__.__code__.co_filename.endswith(os.path.join("vllm", "embedding.py")),
         "ParallelEngramEmbedding.lookup": engram.ParallelEngramEmbedding.lookup is lookups.lookup,
@@ -234,7 +238,8 @@ def main() -> None:
     started = time.monotonic()
     import vllm
 
-    say(vllm.__version__ == "0.33.0", f"vllm {vllm.__version__} imported from {os.path.dirname(vllm.__file__)}")
+    say(vllm.__version__ == sys.argv[2], f"vllm {vllm.__version__} (asked for {sys.argv[2]}) imported from "
+        f"{os.path.dirname(vllm.__file__)}")
     entry_point()
     off_by_default()
     patches()

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
-STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_standin")
+from waiting import free_port, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+STANDIN = os.path.join(TESTS, "vllm_standin")
 RANK_PROGRAM = os.path.join(STANDIN, "replay_rank.py")
 # 3 heads per n-gram order, orders 2..4: 9 heads a layer, so TP 2 splits them 5 + 4 and vLLM pads
 # the second rank with one zero head; 256 wide as in V4.1.  A few thousand rows a layer.
@@ -30,27 +32,27 @@ def write_checkpoints(root: str) -> dict[str, str]:
     return paths
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def run_ranks(out_dir: str, endpoint: str, checkpoints: dict[str, str], scenarios: list[str], tp: int, dp: int,
-              device: str, timeout: float = 180.0) -> list[dict]:
-    """Start tp x dp ranks (ENGRAMD_VLLM=1, ENGRAMD_SOCKET=endpoint) and return each one's outcomes."""
-    env = {**os.environ, "ENGRAMD_VLLM": "1", "ENGRAMD_SOCKET": endpoint, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (STANDIN, os.environ.get("PYTHONPATH")) if p)}
-    env.pop("VLLM_PLUGINS", None)
-    port = _free_port()
+def start_ranks(out_dir: str, endpoint: str, checkpoints: dict[str, str], scenarios: list[str], tp: int, dp: int,
+                device: str, version: str = "0.33.0", env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Start tp x dp ranks of the stand-in for vLLM ``version`` (ENGRAMD_VLLM=1, ENGRAMD_SOCKET=endpoint)."""
+    full = {**os.environ, "ENGRAMD_VLLM": "1", "ENGRAMD_SOCKET": endpoint, "OMP_NUM_THREADS": "1",
+            "STANDIN_VLLM_VERSION": version, **(env or {}),
+            "PYTHONPATH": os.pathsep.join(p for p in (STANDIN, TESTS, os.environ.get("PYTHONPATH")) if p)}
+    full.pop("VLLM_PLUGINS", None)
+    port = free_port()
     ranks = []
     for rank in range(tp * dp):
         spec = {"rank": rank, "tp": tp, "dp": dp, "port": port, "device": device, "scenarios": scenarios,
                 "checkpoint": checkpoints["served"], "other_layout": checkpoints["other_layout"],
                 "other_weights": checkpoints["other_weights"], "out": os.path.join(out_dir, f"rank{rank}.json"),
-                "missing_socket": f"ipc://{out_dir}/no-daemon-here.sock"}
-        ranks.append(subprocess.Popen([sys.executable, "-P", RANK_PROGRAM, json.dumps(spec)], env=env,
+                "missing_socket": f"ipc://{out_dir}/no-daemon-here.sock", "hold_dir": out_dir}
+        ranks.append(subprocess.Popen([sys.executable, "-P", RANK_PROGRAM, json.dumps(spec)], env=full,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return ranks
+
+
+def collect_ranks(out_dir: str, ranks: list[subprocess.Popen], timeout: float = 180.0) -> list[dict]:
+    """Each rank's outcomes, once every rank exited 0 (killed, with its output shown, if not within ``timeout``)."""
     outputs = []
     try:
         for process in ranks:
@@ -64,7 +66,35 @@ def run_ranks(out_dir: str, endpoint: str, checkpoints: dict[str, str], scenario
               if process.returncode != 0]
     assert not failed, "\n".join(f"rank {rank} exited {code}:\n{output}" for rank, code, output in failed)
     results = []
-    for rank in range(tp * dp):
+    for rank in range(len(ranks)):
         with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
             results.append(json.load(f))
     return results
+
+
+def run_ranks(out_dir: str, endpoint: str, checkpoints: dict[str, str], scenarios: list[str], tp: int, dp: int,
+              device: str, version: str = "0.33.0", env: dict[str, str] | None = None) -> list[dict]:
+    """Start tp x dp ranks and return each one's outcomes."""
+    return collect_ranks(out_dir, start_ranks(out_dir, endpoint, checkpoints, scenarios, tp, dp, device, version, env))
+
+
+def restart_daemon_under(ranks: list[subprocess.Popen], hold_dir: str, daemon, *args: str, timeout: float = 120.0):
+    """Once every rank waits in its ``daemon_restart`` scenario: kill -9 ``daemon`` (a tests/conftest.py
+    DaemonProcess), start another with ``args`` on its socket and shm dir, and let the ranks go on.
+    Returns the new daemon and its first ready status."""
+    from conftest import DaemonProcess
+
+    try:
+        wait_for(lambda: all(os.path.exists(os.path.join(hold_dir, f"held-{rank}")) for rank in range(len(ranks)))
+                 or any(process.poll() is not None for process in ranks), "every rank to wait for the restart", timeout)
+        daemon.kill()
+        daemon.stop()
+        daemon = DaemonProcess(os.path.dirname(daemon.endpoint[len("ipc://"):]), daemon.shm_dir, *args).start()
+        return daemon, daemon.wait_state("ready")
+    except BaseException:
+        for process in ranks:  # the caller will not collect them
+            process.kill()
+            process.wait(timeout=10)
+        raise
+    finally:
+        open(os.path.join(hold_dir, "go"), "w").close()  # a rank never waits past a failed restart

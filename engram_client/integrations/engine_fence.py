@@ -37,18 +37,21 @@ class Fence:
     names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # module -> {top-level constant -> the literal value the integration relies on}
     constants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # module -> {dotted function -> names its code must not use}: an engine path the integration
+    # relies on staying behind what it replaces (a function reaching it directly would bypass that)
+    avoids: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def modules(self) -> tuple[str, ...]:
         found: dict[str, None] = {}
-        for table in (self.signatures, self.calls, self.names, self.constants):
+        for table in (self.signatures, self.calls, self.names, self.constants, self.avoids):
             found.update(dict.fromkeys(table))
         return tuple(found)
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # "signature", "calls", "name", "constant", "module"
+    kind: str  # "signature", "calls", "avoids", "name", "constant", "module"
     module: str
     item: str
     ok: bool
@@ -114,6 +117,14 @@ def calls_finding(module: str, dotted: str, expected: tuple[str, ...], used: set
                    f"uses {', '.join(expected)}" if not missing else f"no longer uses {', '.join(missing)}")
 
 
+def avoids_finding(module: str, dotted: str, avoided: tuple[str, ...], used: set[str] | None) -> Finding:
+    if used is None:
+        return Finding("avoids", module, dotted, False, f"is missing (expected it not to use {', '.join(avoided)})")
+    reached = [name for name in avoided if name in used]
+    return Finding("avoids", module, dotted, not reached,
+                   f"does not use {', '.join(avoided)}" if not reached else f"now uses {', '.join(reached)}")
+
+
 def constant_finding(module: str, name: str, expected: Any, present: bool, value: Any) -> Finding:
     if not present:
         return Finding("constant", module, name, False, f"is missing (expected {expected!r})")
@@ -141,6 +152,9 @@ def _check_module_live(fence: Fence, name: str, module: ModuleType) -> Iterator[
     for dotted, expected in fence.calls.get(name, {}).items():
         code = getattr(_resolve(module, dotted), "__code__", None)
         yield calls_finding(name, dotted, expected, None if code is None else _code_names(code))
+    for dotted, avoided in fence.avoids.get(name, {}).items():
+        code = getattr(_resolve(module, dotted), "__code__", None)
+        yield avoids_finding(name, dotted, avoided, None if code is None else _code_names(code))
     for attribute in fence.names.get(name, ()):
         yield Finding("name", name, attribute, hasattr(module, attribute),
                       "exists" if hasattr(module, attribute) else "is missing")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 from typing import Callable, Iterator, Mapping
 
-from .engine_fence import Fence, Finding, calls_finding, constant_finding, parameters_text, signature_finding
+from .engine_fence import (Fence, Finding, avoids_finding, calls_finding, constant_finding, parameters_text,
+                           signature_finding)
 
 
 def _default_text(node: ast.expr, constants: Mapping[str, ast.expr | None]) -> str:
@@ -152,6 +153,9 @@ def _check_module_source(fence: Fence, name: str, sources: _SourceTrees) -> Iter
     for dotted, expected in fence.calls.get(name, {}).items():
         node, _ = sources.find(name, dotted)
         yield calls_finding(name, dotted, expected, None if node is None else _source_names(node))
+    for dotted, avoided in fence.avoids.get(name, {}).items():
+        node, _ = sources.find(name, dotted)
+        yield avoids_finding(name, dotted, avoided, None if node is None else _source_names(node))
     bound = _top_level_values(sources.tree(name))
     for attribute in fence.names.get(name, ()):
         yield Finding("name", name, attribute, attribute in bound,

@@ -1,10 +1,14 @@
-"""engramd's vLLM plugin driven by vLLM 0.33.0's call sequence: four ranks, a real daemon, real checkpoints.
+"""engramd's vLLM plugin driven by vLLM 0.33.0's and 0.34.0's call sequences: four ranks, a real daemon.
 
 vLLM is not installed here and its Engram code runs on GPUs only, so the ranks run the stand-in
-in tests/vllm_standin (its docstring says what it replays).  Four processes are one engine's
-TP 2 x DP 2, joined by a real torch.distributed gloo group, looking rows up on device="cpu"
-(the GPU twin is tests/gpu/test_vllm_plugin_gpu.py).  The ranks run once for the module; each
-test reads what they saw.
+in tests/vllm_standin (its docstring says what it replays of each release).  Per release, four
+processes are one engine's TP 2 x DP 2, joined by a real torch.distributed gloo group, looking
+rows up on device="cpu" (the GPU twin is tests/gpu/test_vllm_plugin_gpu.py).  While they run,
+the daemon is killed and another started on the same socket; then the engine's ranks are
+started again and re-attach.  The ranks run once per release for the module; each test reads
+what they saw.  The ranks run where the host's available memory is smaller than the table
+(STANDIN_AVAILABLE_MEMORY), as where engramd's table already fills tmpfs: vLLM 0.34.0's own
+check would turn the DP-shared tables off there.
 """
 from __future__ import annotations
 
@@ -18,28 +22,36 @@ import tempfile
 import pytest
 
 from conftest import DaemonProcess
-from vllm_ranks import STANDIN, run_ranks, write_checkpoints
+from vllm_ranks import STANDIN, collect_ranks, restart_daemon_under, run_ranks, start_ranks, write_checkpoints
 
-SCENARIOS = ["unreachable", "private_table", "other_layout", "serve", "views", "other_weights"]
+SCENARIOS = ["unreachable", "private_table", "other_layout", "serve", "dead_ids", "views", "other_weights",
+             "daemon_restart"]
 TP, DP = 2, 2
+TIGHT_MEMORY = {"STANDIN_AVAILABLE_MEMORY": str(64 << 10)}  # bytes: far less than the table
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    """The daemon, the checkpoints, and the four ranks' outcomes (rank order: DP-major)."""
+@pytest.fixture(scope="module", params=["0.33.0", "0.34.0"])
+def engine(request, tmp_path_factory):
+    """The daemon, the checkpoints, and the four ranks' outcomes (rank order: DP-major), per vLLM release."""
+    version = request.param
     root = tmp_path_factory.mktemp("vllm")
     checkpoints = write_checkpoints(str(root))
     socket_dir = tempfile.mkdtemp(prefix="engt-")
     shm_dir = tempfile.mkdtemp(prefix="engt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    daemon = DaemonProcess(socket_dir, shm_dir, "--checkpoint", checkpoints["served"]).start()
+    args = ("--checkpoint", checkpoints["served"], "--lease-seconds", "0.9")
+    daemon = DaemonProcess(socket_dir, shm_dir, *args).start()
     try:
-        daemon.wait_state("ready")
+        before = daemon.wait_state("ready")
         tables = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
         shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-        ranks = run_ranks(socket_dir, daemon.endpoint, checkpoints, SCENARIOS, tp=TP, dp=DP, device="cpu")
+        ranks = start_ranks(socket_dir, daemon.endpoint, checkpoints, SCENARIOS, TP, DP, "cpu", version, TIGHT_MEMORY)
+        daemon, after = restart_daemon_under(ranks, socket_dir, daemon, *args)
+        outcomes = collect_ranks(socket_dir, ranks)
+        restarted = run_ranks(socket_dir, daemon.endpoint, checkpoints, ["serve"], TP, DP, "cpu", version, TIGHT_MEMORY)
         shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
         tables_after = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
-        yield {"ranks": ranks, "checkpoints": checkpoints, "daemon": daemon, "status": daemon.status(),
+        yield {"version": version, "ranks": outcomes, "restarted": restarted, "checkpoints": checkpoints,
+               "daemon": daemon, "status": daemon.status(), "boot_ids": (before["boot_id"], after["boot_id"]),
                "new_shm_files": shm_after - shm_before, "tables": (tables, tables_after)}
     finally:
         daemon.stop()
@@ -54,6 +66,64 @@ def test_every_rank_gets_the_checkpoints_rows_bit_exact_on_every_head(engine):
         assert serve["padding_zero"], f"rank {rank}: vLLM's padding heads are not zero"
         assert serve["lookup_device"] == "cpu"
         assert serve["kept_eager_break"], "Engram._start_prefetch lost vLLM's eager_break_during_capture"
+        assert serve["replayed"] == engine["version"]
+
+
+ROOM_CHECKS = {"0.33.0": ["no_shm_table", "_shm_shortfall"], "0.34.0": ["check_shm_free_space", "no_shm_shortfall"]}
+
+
+def test_each_version_has_its_own_room_check_replaced_and_the_decode_chain_decision_logged(engine):
+    for outcome in engine["ranks"]:
+        serve = outcome["serve"]
+        # check_shm_free_space, _shm_shortfall: only the one the version's can_share_engram_tables asks is the plugin's
+        assert serve["room_checks"] == ROOM_CHECKS[engine["version"]]
+        assert f"engramd serves vLLM {engine['version']}'s Engram tables (ENGRAMD_VLLM=1)" in serve["plugin_log"]
+        assert ("vLLM's specialized decode may run each Engram layer's WKV ahead on engramd's rows: it waits for "
+                "Engram._prefetch_done, which the plugin records once they are in staged_rows") in serve["plugin_log"]
+        assert not serve["decode_imported_at_plugin_load"]  # its fence items are read from the installed source
+
+
+def test_vllm_0_34s_available_memory_check_does_not_turn_the_shared_tables_off(engine):
+    for outcome in engine["ranks"]:
+        serve = outcome["serve"]
+        # vLLM 0.34.0 alone would have answered "exceeds the available host memory" and built no storage.
+        assert serve["table_exceeds_available_memory"] and serve["dp_shared_memory"]
+        assert serve["params_on_meta"]
+
+
+def test_vllms_host_numa_table_is_never_reached(engine):
+    assert all(outcome["serve"]["host_numa_calls"] == 0 for outcome in engine["ranks"])
+
+
+def test_dead_ids_give_zero_rows_and_other_ids_outside_the_rows_are_still_refused(engine):
+    for rank, outcome in enumerate(engine["ranks"]):
+        dead = outcome["dead_ids"]
+        # 0.33.0 skips Engram in dummy runs with DP-shared tables; 0.34.0 looks up all-DEAD rows.
+        if engine["version"] == "0.33.0":
+            assert dead["dummy_layers_looked_up"] == 0
+        else:
+            assert dead["dummy_layers_looked_up"] == 2 and dead["dummy_rows_zero"], rank
+        assert dead["dead_ids"] > 0 and dead["mixed"]["exact"], (rank, dead["mixed"]["mismatches"])
+        assert dead["mixed"]["padding_zero"]
+        assert dead["bad_id_error"].startswith("IdsOutOfRangeError: 1 of "), dead["bad_id_error"]
+        assert dead["after_error"]["exact"], rank
+
+
+def test_ranks_keep_serving_through_a_daemon_restart_and_re_attach(engine):
+    first, second = engine["boot_ids"]
+    assert first != second
+    for rank, outcome in enumerate(engine["ranks"]):
+        restart = outcome["daemon_restart"]
+        assert restart["boot_ids"] == [first, second], rank
+        assert restart["exact"] and not restart["refresh_pending"], (rank, restart["mismatches"])
+
+
+def test_restarted_ranks_re_attach_and_get_the_rows_again(engine):
+    old = {outcome["serve"]["pid"] for outcome in engine["ranks"]}
+    for rank, outcome in enumerate(engine["restarted"]):
+        serve = outcome["serve"]
+        assert serve["pid"] not in old and serve["exact"], (rank, serve["mismatches"])
+        assert serve["registered"] == engine["ranks"][rank]["serve"]["registered"]
 
 
 def test_each_tp_rank_registers_only_the_rows_of_its_heads(engine):
@@ -144,11 +214,13 @@ def test_without_ENGRAMD_VLLM_the_plugin_leaves_vllm_untouched():
 
 
 def test_an_unchecked_vllm_version_is_refused_when_vllm_loads_the_plugin():
-    result = plugin_load({"ENGRAMD_VLLM": "1", "STANDIN_VLLM_VERSION": "0.34.0"})
+    result = plugin_load({"ENGRAMD_VLLM": "1", "STANDIN_VLLM_VERSION": "0.35.0"})
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("engram_client.core.errors.IntegrationError: engramd's vLLM plugin was checked against "
-                           "vLLM 0.33.0 only; this is vLLM 0.34.0"), result.stderr
+    assert last == ("engram_client.core.errors.IntegrationError: engramd's vllm integration was run against vllm "
+                    "0.33.0, 0.34.0 only; this is vllm 0.35.0. Install one of those (pip install 'vllm==0.34.0', or "
+                    "pip install 'engramd[vllm]', which pins the newest of them), or switch the integration off to "
+                    "run vllm without engramd (unset ENGRAMD_VLLM)"), result.stderr
 
 
 def test_an_unknown_ENGRAMD_VLLM_value_is_refused():

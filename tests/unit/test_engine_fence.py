@@ -61,6 +61,7 @@ def fence(**changes) -> Fence:
         calls={engram: {"Storage.__init__": ("check_space",), "Storage.lookup": ("gather", "DEAD_ID")}},
         names={engram: ("Storage", "wrapped")},
         constants={engram: {"DEAD_ID": -1}},
+        avoids={engram: {"Storage.__init__": ("share_host_table",)}},
     )
     fields.update(changes)
     return Fence(**fields)
@@ -93,7 +94,7 @@ def test_live_and_source_checks_pass_the_same_items(engine):
     static = check_sources(fence(), engine)
     assert verdicts(live) == verdicts(static)
     assert all(f.ok for f in live), [f.line() for f in live if not f.ok]
-    assert len(live) == 9  # 4 signatures, 2 calls, 2 names, 1 constant
+    assert len(live) == 10  # 4 signatures, 2 calls, 2 names, 1 constant, 1 avoided
 
 
 @pytest.mark.parametrize("changes, failing", [
@@ -102,6 +103,7 @@ def test_live_and_source_checks_pass_the_same_items(engine):
     ({"calls": {"fakeengine.engram": {"Storage.lookup": ("gather", "scatter")}}}, "Storage.lookup"),
     ({"names": {"fakeengine.engram": ("Gone",)}}, "Gone"),
     ({"constants": {"fakeengine.engram": {"DEAD_ID": -2}}}, "DEAD_ID"),
+    ({"avoids": {"fakeengine.engram": {"Storage.__init__": ("check_space",)}}}, "Storage.__init__"),
     ({"signatures": {"fakeengine.missing": {"f": "()"}}}, "(import)"),
 ])
 def test_a_difference_fails_in_both_readers_and_names_the_item(engine, changes, failing):

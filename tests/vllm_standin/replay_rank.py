@@ -1,7 +1,7 @@
-"""One rank of a vLLM engine, replayed with the vLLM stand-in beside this file, against a real engramd.
+"""One rank of a vLLM 0.33.0 or 0.34.0 engine, replayed with the vLLM stand-in beside this file, on a real engramd.
 
 Run by tests/vllm_ranks.py as its own process (``python -P replay_rank.py SPEC``, this directory
-first on PYTHONPATH, so ``import vllm`` is the stand-in).  It joins the other ranks in a real
+first on PYTHONPATH, so ``import vllm`` is the stand-in, then tests/).  It joins the other ranks in a real
 torch.distributed gloo group, builds vLLM's TP and Engram DP groups, loads vLLM's general
 plugins (engramd's entry point among them) and runs the spec's scenarios in order, writing
 ``{scenario: outcome}`` as JSON to ``spec["out"]``:
@@ -10,15 +10,27 @@ plugins (engramd's entry point among them) and runs the spec's scenarios in orde
 - ``private_table``: EngramConfig(dp_shared_memory=False); the model must not build;
 - ``other_layout``: vLLM loads a checkpoint of another layout than engramd serves;
 - ``serve``: vLLM's checkpoint is engramd's: build, load weights, prefetch every layer, rows
-  after the TP gather compared bit for bit with the checkpoint's;
+  after the TP gather compared bit for bit with the checkpoint's; what the build reached of
+  vLLM's own table (0.34.0's host-NUMA cuMem path, its available-memory check);
+- ``dead_ids``: the model's dummy run (0.34.0 looks up all-``DEAD_ID`` rows), then ids with
+  ``DEAD_ID`` among real ones: zero rows for those, the checkpoint's for the rest; then an id
+  outside the rank's rows, which must still be refused;
+- ``daemon_restart``: the rank says it is waiting (a file ``held-RANK``), the test kills the
+  daemon and starts another on the same socket, then writes ``go``; the rank waits until its
+  client re-attached to the new daemon and compares fresh rows again;
+- ``decode_chain`` (CUDA): vLLM's specialized decode's WKV chain, started on its side stream
+  right after the prefetch, reads engramd's rows;
 - ``graph`` (CUDA): prefetch and ``_ready_rows`` of every layer captured in one CUDA graph (as
-  vLLM's FULL mode captures them), replayed on new ids in the captured buffer, compared again;
+  vLLM's FULL mode captures them), replayed on new ids in the captured buffer (the last replay's
+  with ``DEAD_ID`` among them), compared again;
 - ``views``: vLLM's ``_storage()`` (its UVA views) on a served layer;
 - ``other_weights``: vLLM loads a checkpoint of engramd's layout with other rows.
 """
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 import os
 import sys
 from datetime import timedelta
@@ -30,9 +42,13 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 from engram_client.lookup.reference import reference_bf16_bits, same_bf16
-from vllm import distributed
+from vllm import REPLAYED, distributed
 from vllm.config import EngramConfig, ModelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+from vllm.models.deepseek_v41.common import engram as vllm_engram
 from vllm.models.deepseek_v41.nvidia.model import DeepseekV4EngramModel, safetensors_weights
+from vllm.models.deepseek_v41.nvidia.ops import engram_host_table
+from vllm.utils.cpu_resource_utils import get_available_memory
+from waiting import wait_for  # tests/waiting.py: the ranks run with tests/ on their path
 from vllm.plugins import load_general_plugins
 
 TOKENS = 96
@@ -86,6 +102,7 @@ def compare(model: DeepseekV4EngramModel, hashes: torch.Tensor, rows: dict, chec
         ids = hashes[:, engram.layer_hash_index].cpu().numpy().astype(np.int64).reshape(-1)
         weight, scale = checkpoint_rows(checkpoint, int(layer))
         expected = reference_bf16_bits(weight[ids], scale[ids])
+        expected[ids == vllm_engram.DEAD_ID] = 0  # vLLM's kernel gives DEAD ids zero rows
         actual = gathered.cpu().contiguous().view(torch.int16).numpy().view(np.uint16).reshape(expected.shape)
         bad = int((~same_bf16(actual, expected)).sum())
         if bad:
@@ -97,12 +114,7 @@ def serve(spec: dict, state: dict) -> dict:
     model = state["model"] = build(spec, spec["checkpoint"])
     dp_rank = dist.get_rank() // spec["tp"]
     hashes = hashes_for(model, seed=dp_rank, device=spec["device"])  # one replica's ranks share its tokens
-    for engram in model.engrams.values():
-        engram.staged_rows.fill_(float("nan"))  # torch.empty's memory: whatever it held before
-    model.prefetch(hashes)  # the forward's prefetch of every layer, before the decoder layers
-    rows = {layer: (engram.embed(hashes[:, engram.layer_hash_index]), engram.staged_rows[:TOKENS])
-            for layer, engram in model.engrams.items()}  # each Engram layer's wait, then its TP gather
-    result = compare(model, hashes, rows, spec["checkpoint"])
+    result = compare(model, hashes, look_up(model, hashes), spec["checkpoint"])
     served = {layer: engram.embed_tokens._shared_memory.served for layer, engram in model.engrams.items()}
     first = next(iter(served.values()))
     result.update(
@@ -112,7 +124,87 @@ def serve(spec: dict, state: dict) -> dict:
         heads=[first.head_start, first.local_heads, next(iter(model.engrams.values())).embed_tokens.part_n_hash_cols],
         params_on_meta=all(p.is_meta for p in model.parameters()),
         kept_eager_break=all(getattr(type(e)._start_prefetch, "eager_break", False) for e in model.engrams.values()),
-        lookup_device=str(first.table.device), pid=os.getpid())
+        lookup_device=str(first.table.device), pid=os.getpid(), replayed=REPLAYED,
+        host_numa_calls=engram_host_table.calls, dp_shared_memory=model.engram_dp_shared_memory,
+        room_checks=[vllm_engram.check_shm_free_space.__name__, vllm_engram._shm_shortfall.__name__],
+        plugin_log=state["plugin_log"], decode_imported_at_plugin_load=state["decode_imported"],
+        table_exceeds_available_memory=table_bytes(model) > get_available_memory())
+    return result
+
+
+def table_bytes(model: DeepseekV4EngramModel) -> int:
+    layout = model.layout
+    return sum(layout.num_embeddings) * (layout.head_dim + layout.head_dim // 32)
+
+
+def look_up(model: DeepseekV4EngramModel, hashes: torch.Tensor) -> dict:
+    """The forward's prefetch, then each layer's wait and TP gather: layer -> (all heads, own staged heads)."""
+    for engram in model.engrams.values():
+        engram.staged_rows.fill_(float("nan"))  # torch.empty's memory: whatever it held before
+    model.prefetch(hashes)
+    return {layer: (engram.embed(hashes[:, engram.layer_hash_index]), engram.staged_rows[:TOKENS])
+            for layer, engram in model.engrams.items()}
+
+
+def dead_ids(spec: dict, state: dict) -> dict:
+    model, device = state["model"], spec["device"]
+    for engram in model.engrams.values():
+        engram.staged_rows.fill_(float("nan"))
+    looked_up = model.dummy_run(torch.zeros(TOKENS, dtype=torch.int64, device=device))
+    # Waited for only where the dummy run looked up: the event may have been recorded last in a capture.
+    dummy_rows_zero = bool(looked_up) and all(bool((e._ready_rows(TOKENS) == 0).all()) for e in model.engrams.values())
+    hashes = hashes_for(model, seed=7 + dist.get_rank() // spec["tp"], device=device)
+    hashes[::3] = vllm_engram.DEAD_ID  # every third token dead (an image span) ...
+    hashes[1::3, :, ::2] = vllm_engram.DEAD_ID  # ... and every other head of the tokens after them
+    mixed = compare(model, hashes, look_up(model, hashes), spec["checkpoint"])
+    engram = next(iter(model.engrams.values()))
+    bad = hashes_for(model, seed=8, device=device)
+    # Outside every rank's rows and not DEAD_ID, in the first layer only: that layer's next lookup reports it.
+    bad[5, engram.layer_hash_index, engram.embed_tokens.head_start] = -2
+    try:
+        model.prefetch(bad)
+        if device != "cpu":
+            torch.cuda.synchronize()  # GPU ids are counted as the lookup runs: the next one reports them
+        model.prefetch(hashes)
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    after = compare(model, hashes, look_up(model, hashes), spec["checkpoint"])
+    return {"dummy_layers_looked_up": looked_up, "dummy_rows_zero": dummy_rows_zero, "mixed": mixed,
+            "dead_ids": int((hashes == vllm_engram.DEAD_ID).sum()), "bad_id_error": error, "after_error": after}
+
+
+def daemon_restart(spec: dict, state: dict) -> dict:
+    model = state["model"]
+    client = next(iter(model.engrams.values())).embed_tokens._shared_memory.served.rank.client
+    before = client.boot_id
+    open(os.path.join(spec["hold_dir"], f"held-{dist.get_rank()}"), "w").close()
+    wait_for(lambda: os.path.exists(os.path.join(spec["hold_dir"], "go")), "the test to restart engramd", 120.0)
+    # The client's heartbeat re-attaches by itself.
+    wait_for(lambda: client.boot_id != before, f"rank {dist.get_rank()}'s client to re-attach to the new engramd", 30.0)
+    hashes = hashes_for(model, seed=300 + dist.get_rank() // spec["tp"], device=spec["device"])
+    result = compare(model, hashes, look_up(model, hashes), spec["checkpoint"])
+    result.update(boot_ids=[before, client.boot_id], refresh_pending=client.refresh_pending)
+    return result
+
+
+def decode_chain(spec: dict, state: dict) -> dict:
+    """vLLM's specialized decode: each layer's WKV chain started right after the prefetch, on its side stream."""
+    from vllm.models.deepseek_v41.nvidia.specialized_decode.engram.prefetch import EngramPrefetch
+
+    model = state["model"]
+    engrams = list(model.engrams.values())
+    chain = EngramPrefetch(engrams, TOKENS)
+    hashes = hashes_for(model, seed=400 + dist.get_rank() // spec["tp"], device=spec["device"])
+    for engram in engrams:
+        engram.staged_rows.fill_(float("nan"))
+    model.prefetch(hashes)
+    chain.start(TOKENS)  # vLLM starts it before the decoder layers, without waiting on the host
+    seen = {layer: chain.forward(engram, TOKENS) for layer, engram in model.engrams.items()}
+    rows = {layer: (distributed.tensor_model_parallel_all_gather(seen[layer], dim=1)[:, :engram.embed_tokens.n_hash_cols],
+                    seen[layer]) for layer, engram in model.engrams.items()}
+    result = compare(model, hashes, rows, spec["checkpoint"])
+    result["chained_layers"] = len(chain._buffers)
     return result
 
 
@@ -127,8 +219,11 @@ def graph(spec: dict, state: dict) -> dict:
         model.prefetch(static)
         ready = {layer: engram._ready_rows(TOKENS) for layer, engram in model.engrams.items()}
     outcomes = []
-    for seed in (100 + dp_rank, 200 + dp_rank):  # each replay looks up the ids then in the captured buffer
+    # Each replay looks up the ids then in the captured buffer; the last one's even tokens are DEAD_ID.
+    for seed, dead in ((100 + dp_rank, False), (200 + dp_rank, False), (300 + dp_rank, True)):
         fresh = hashes_for(model, seed=seed, device=spec["device"])
+        if dead:
+            fresh[::2] = vllm_engram.DEAD_ID
         static.copy_(fresh)
         captured.replay()
         torch.cuda.synchronize()
@@ -173,6 +268,9 @@ SCENARIOS = {
     "graph": graph,
     "views": views,
     "other_weights": lambda spec, state: refused(spec, spec["other_weights"]),
+    "dead_ids": dead_ids,
+    "daemon_restart": daemon_restart,
+    "decode_chain": decode_chain,
 }
 
 
@@ -181,8 +279,13 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=spec["rank"],
                             world_size=spec["tp"] * spec["dp"], timeout=timedelta(seconds=60))
     distributed.init_groups(spec["tp"], spec["dp"])
+    plugin_log = logging.handlers.BufferingHandler(1000)  # what the plugin says, as vLLM's log would show it
+    logging.getLogger("engram_client.integrations.vllm").setLevel(logging.INFO)
+    logging.getLogger("engram_client.integrations.vllm").addHandler(plugin_log)
     load_general_plugins()
-    state, outcomes = {}, {}
+    state = {"plugin_log": [record.getMessage() for record in plugin_log.buffer],
+             "decode_imported": "vllm.models.deepseek_v41.nvidia.specialized_decode" in sys.modules}
+    outcomes = {}
     for name in spec["scenarios"]:
         outcomes[name] = SCENARIOS[name](spec, state)
     with open(spec["out"], "w") as f:

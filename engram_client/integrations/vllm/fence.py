@@ -1,130 +1,78 @@
-"""The version fence: which vLLM the plugin was checked against, and the surface it relies on.
+"""The version fence, live: the vLLM this process imported checked against its release's Fence.
 
-The plugin replaces methods of ``vllm.models.deepseek_v41.common.engram`` and relies on how
-vLLM calls them.  Before patching anything it checks, in the module vLLM really imported:
+Before patching anything the plugin (patches.py) takes the fence of ``vllm.__version__`` from
+fences.py (``fence_for``: any other version is refused, naming the supported ones and how to
+pin one) and checks every item of it on the modules vLLM really imported (``check_live``);
+any item that does not hold refuses the plugin with one IntegrationError naming each
+(``refuse_failures``).  So a vLLM upgrade fails at start-up, before a model is built, instead
+of serving wrong rows.  scripts/check_engines.py checks the same fences on the releases' wheels.
 
-- ``vllm.__version__`` is one of CHECKED_VERSIONS (the plugin was run against exactly these);
-- every name in SIGNATURES exists with exactly those parameters (names, kinds, defaults;
-  annotations are ignored, they do not change a call);
-- the few names of other vLLM modules in NAMES exist;
-- every function in CALLS still calls the names the plugin hooks into (its code's names): that
-  ``_allocate_weights`` builds its storage through the module's ``DPSharedEngramStorage``, that
-  ``prepare_embeddings`` goes through ``_start_prefetch``, and so on.
-
-Any miss raises IntegrationError naming the vLLM version, the name and both signatures, so a
-vLLM upgrade fails at start-up, before a model is built, instead of serving wrong rows.
+One module is read, not imported: the specialized decode's Engram prefetch.  Importing it at
+plugin load would import the specialized decode (FlashInfer's MXFP8 kernels, NVIDIA ops) in
+every vLLM process, long before vLLM itself would; so its items are checked on the installed
+vLLM's source file (fence_sources.py, the reader scripts/check_engines.py uses).  A vLLM build
+without that file never runs the chain: nothing of it to rely on, and the log says so.
 """
 from __future__ import annotations
 
-import inspect
-from types import ModuleType
-from typing import Any, Callable
+import dataclasses
+import importlib
+import logging
+import os
+from typing import Callable
 
 from engram_client import IntegrationError
+from engram_client.integrations.engine_fence import Fence, check_live, fence_for, refuse_failures
+from engram_client.integrations.fence_sources import check_sources
 
-CHECKED_VERSIONS = ("0.33.0",)
-ENGRAM_MODULE = "vllm.models.deepseek_v41.common.engram"
+from .fences import DECODE_PREFETCH_MODULE, ENGRAM_MODULE, FENCES
+from .settings import ENABLE_VARIABLE
 
-# What the plugin replaces or calls, as vLLM 0.33.0 defines it (normalized by ``shape``).
-SIGNATURES = {
-    "DPSharedEngramStorage.__init__": "(self, num_rows, dim, block_size, group)",
-    "DPSharedEngramStorage.load_weight": "(self, param, loaded_weight)",
-    "DPSharedEngramStorage.get_views": "(self, weight, scales)",
-    "ParallelEngramEmbedding.__init__": "(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False, "
-                                        "dp_shared_memory=False, use_thp=False)",
-    "ParallelEngramEmbedding._allocate_weights": "(self)",
-    "ParallelEngramEmbedding.lookup": "(self, indices, out, background=False)",
-    "Engram.prepare_embeddings": "(self, hash_ids)",
-    "Engram._start_prefetch": "(self, hash_ids, rows)",
-    "Engram._finish_prefetch": "(self, event)",
-    "Engram._ready_rows": "(self, num_tokens)",
-    "can_share_engram_tables": "(layout, block_size=32)",
-    "check_shm_free_space": "(required_bytes, shm_path='/dev/shm', *, allocation_name='shared-memory allocation')",
-    "eager_break_during_capture": "(fn)",
-}
+__all__ = ["CHECKED_VERSIONS", "ENGRAM_MODULE", "check_vllm", "fence_of"]
 
-# function -> names its code must use: the calls the patches ride on.
-CALLS = {
-    "ParallelEngramEmbedding._allocate_weights": ("DPSharedEngramStorage", "load_weight"),
-    "ParallelEngramEmbedding.__init__": ("_allocate_weights", "part_num_embeddings", "vocab_start_idx",
-                                         "head_start", "part_n_hash_cols"),
-    "ParallelEngramEmbedding._storage": ("get_views",),
-    "Engram.prepare_embeddings": ("_start_prefetch", "lookup", "staged_rows"),
-    "Engram._ready_rows": ("_finish_prefetch", "staged_rows"),
-    "can_share_engram_tables": ("check_shm_free_space",),
-}
+log = logging.getLogger("engram_client.integrations.vllm")
+CHECKED_VERSIONS = tuple(FENCES)
+SWITCH_OFF = f"Unset {ENABLE_VARIABLE} to run vLLM without engramd"
+PIN = "pip install 'engramd[vllm]', which pins the newest of them"
 
 
-# Names of other vLLM modules the plugin calls.
-NAMES = {"vllm.config": ("get_current_vllm_config_or_none",)}
+def fence_of(version: str) -> Fence:
+    """The fence of vLLM ``version``, or IntegrationError naming the checked versions and the pin."""
+    try:
+        return fence_for(FENCES, "vllm", version, PIN)
+    except IntegrationError as exc:
+        raise IntegrationError(f"{exc} (unset {ENABLE_VARIABLE})") from None
 
 
-def shape(function: Callable[..., Any]) -> str:
-    """A signature without annotations: ``(self, a, b=2, *, c='x')``."""
-    parts, keyword_only_marked = [], False
-    for parameter in inspect.signature(function).parameters.values():
-        if parameter.kind is parameter.KEYWORD_ONLY and not keyword_only_marked:
-            parts.append("*")
-            keyword_only_marked = True
-        prefix = {parameter.VAR_POSITIONAL: "*", parameter.VAR_KEYWORD: "**"}.get(parameter.kind, "")
-        if parameter.kind is parameter.VAR_POSITIONAL:
-            keyword_only_marked = True
-        default = "" if parameter.default is parameter.empty else f"={parameter.default!r}"
-        parts.append(f"{prefix}{parameter.name}{default}")
-        if parameter.kind is parameter.POSITIONAL_ONLY:
-            parts.append("/")
-    return "(" + ", ".join(parts) + ")"
+def installed_source(module: str) -> str | None:
+    """The text of vLLM's ``module`` as installed, found under the imported vllm package without
+    importing the module or its packages; None where there is no such file."""
+    import vllm
+
+    path = os.path.join(os.path.dirname(vllm.__file__), *module.split(".")[1:])
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            with open(candidate, encoding="utf-8") as f:
+                return f.read()
+    return None
 
 
-def resolve(module: ModuleType, dotted: str) -> Any:
-    """``module.A.b`` for ``"A.b"``, unwrapping decorators (functools.wraps) to the code vLLM wrote."""
-    obj: Any = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return inspect.unwrap(obj) if callable(obj) else obj
+def _part(fence: Fence, keep: Callable[[str], bool]) -> Fence:
+    """``fence`` with the items of the modules ``keep`` accepts only."""
+    tables = {f.name: {module: items for module, items in getattr(fence, f.name).items() if keep(module)}
+              for f in dataclasses.fields(fence) if f.name not in ("engine", "version")}
+    return dataclasses.replace(fence, **tables)
 
 
-def check_version(version: str) -> None:
-    if version not in CHECKED_VERSIONS:
-        raise IntegrationError(f"engramd's vLLM plugin was checked against vLLM {', '.join(CHECKED_VERSIONS)} "
-                               f"only; this is vLLM {version}. Install vllm=={CHECKED_VERSIONS[-1]} "
-                               "('engramd[vllm]'), or unset ENGRAMD_VLLM to run vLLM without engramd")
-
-
-def check_surface(module: ModuleType, version: str) -> None:
-    """Raise IntegrationError listing every name whose signature or calls differ from 0.33.0's."""
-    where = f"vLLM {version}'s {module.__name__}"
-    problems = []
-    for dotted, expected in SIGNATURES.items():
-        function = resolve(module, dotted)
-        if function is None:
-            problems.append(f"{dotted} is missing")
-            continue
-        found = shape(function)
-        if found != expected:
-            problems.append(f"{dotted} is {found}, expected {expected}")
-    for dotted, names in CALLS.items():
-        function = resolve(module, dotted)
-        code = getattr(function, "__code__", None)
-        if code is None:
-            problems.append(f"{dotted} is missing")
-            continue
-        missing = [name for name in names if name not in code.co_names]
-        if missing:
-            problems.append(f"{dotted} no longer uses {', '.join(missing)}")
-    _refuse(where, problems)
-
-
-def check_names(modules: dict[str, ModuleType], version: str) -> None:
-    """``modules``: each module of NAMES, as vLLM imported it."""
-    _refuse(f"vLLM {version}", [f"{name}.{attribute} is missing" for name, attributes in NAMES.items()
-                                for attribute in attributes if not hasattr(modules[name], attribute)])
-
-
-def _refuse(where: str, problems: list[str]) -> None:
-    if problems:
-        raise IntegrationError(f"engramd's vLLM plugin cannot patch {where}: " + "; ".join(problems) +
-                               f". It was checked against vLLM {', '.join(CHECKED_VERSIONS)}; unset ENGRAMD_VLLM "
-                               "to run vLLM without engramd")
+def check_vllm(version: str, import_module=importlib.import_module,
+               read_source: Callable[[str], str | None] = installed_source) -> Fence:
+    """Refuse with IntegrationError unless every item of ``version``'s fence holds; returns the fence."""
+    fence = fence_of(version)
+    findings = check_live(_part(fence, lambda module: module != DECODE_PREFETCH_MODULE), import_module)
+    decode = check_sources(_part(fence, lambda module: module == DECODE_PREFETCH_MODULE), read_source)
+    if any(f.kind == "module" for f in decode):
+        log.info("vLLM %s has no specialized decode here (%s): its Engram WKV chain does not run",
+                 version, DECODE_PREFETCH_MODULE.replace(".", "/") + ".py is missing")
+        decode = []
+    refuse_failures(fence, findings + decode, SWITCH_OFF)
+    return fence

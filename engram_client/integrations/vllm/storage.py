@@ -1,7 +1,8 @@
 """EngramdStorage: what vLLM's ParallelEngramEmbedding gets in place of DPSharedEngramStorage.
 
-vLLM 0.33.0's DPSharedEngramStorage has EDP rank 0 create a /dev/shm file, every rank map and
-register it, and rank 0 copy the checkpoint's rows into it through ``load_weight``.  This class
+vLLM's DPSharedEngramStorage has EDP rank 0 create a /dev/shm file, every rank map and
+register it, and rank 0 copy the checkpoint's rows into it through ``load_weight``; 0.34.0's
+first tries a host-NUMA cuMem table shared by FABRIC handle.  This class replaces both: it
 takes the same arguments from the same call and keeps the same three methods, but:
 
 - construction attaches this rank to engramd (once per process, rank_client.py) and picks the
@@ -28,6 +29,10 @@ from .weights import check_loaded_weight
 
 
 class EngramdStorage:
+    # vLLM 0.34.0 asks its storage whether the GPU maps the table with 2 MiB pages (its cuMem table)
+    # for a log line and its own lookup's row sort; engramd's table is neither vLLM's nor looked up there.
+    huge_pages = False
+
     def __init__(self, num_rows: int, dim: int, block_size: int, group) -> None:
         self.group = group
         served: ServedLayer | None = None

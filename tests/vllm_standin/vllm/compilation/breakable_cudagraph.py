@@ -1,4 +1,4 @@
-"""Stand-in for vllm.compilation.breakable_cudagraph: ``eager_break_during_capture``.
+"""Stand-in for vllm/compilation/breakable_cudagraph.py (vLLM 0.33.0, 0.34.0): ``eager_break_during_capture``.
 
 In vLLM it ends the current graph segment under a breakable capture (VLLM_USE_BREAKABLE_CUDAGRAPH)
 and runs the function eagerly; under FULL graphs and outside any capture it just calls it.  The

@@ -1,4 +1,7 @@
-"""Stand-in for the vllm.config pieces the Engram code reads (vLLM 0.33.0): EngramConfig and the current config."""
+"""Stand-in for the vllm.config pieces the Engram code reads (vLLM 0.33.0, 0.34.0): EngramConfig and the current config.
+
+0.34.0's EngramConfig adds ``disk_offload``, which only Qwen4Exp's tables read; not replayed.
+"""
 from __future__ import annotations
 
 from contextlib import contextmanager

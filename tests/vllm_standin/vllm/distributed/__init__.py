@@ -1,4 +1,4 @@
-"""Stand-in for the vllm.distributed pieces the Engram code uses, over real torch.distributed gloo groups.
+"""Stand-in for the vllm.distributed pieces the Engram code uses (vLLM 0.33.0, 0.34.0), over real gloo groups.
 
 Ranks are numbered DP-major (rank = dp_rank * tp_size + tp_rank), as vLLM lays out one engine's
 ranks; the TP group holds one replica's ranks, the Engram DP group ("edp") the ranks with the same

@@ -1,4 +1,4 @@
-"""Stand-in for vllm.plugins (vLLM 0.33.0): general plugins are entry points, loaded and called once per process."""
+"""Stand-in for vllm.plugins (vLLM 0.33.0, 0.34.0): general plugins are entry points, loaded and called once per process."""
 import os
 from importlib.metadata import entry_points
 

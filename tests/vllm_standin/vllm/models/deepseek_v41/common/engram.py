@@ -1,7 +1,8 @@
-"""Stand-in for vLLM 0.33.0's vllm/models/deepseek_v41/common/engram.py: the Engram classes engramd's plugin patches.
+"""Stand-in for vLLM 0.33.0's and 0.34.0's vllm/models/deepseek_v41/common/engram.py: what engramd's plugin patches.
 
-A stand-in for vLLM's GPU paths (see vllm/__init__.py here).  Same names, signatures and call
-order as vLLM 0.33.0 for what the plugin touches:
+A stand-in for vLLM's GPU paths (see vllm/__init__.py here), replaying the release
+``vllm.REPLAYED`` names.  Same names, signatures and call order as that release's file for
+what the plugin touches; where the two releases differ, both are written out, each marked:
 
 - ``ParallelEngramEmbedding.__init__``: the TP head split (``part_n_hash_cols`` = heads / shards
   rounded up, ``head_start``, ``vocab_start_idx``/``vocab_end_idx``, ``part_num_embeddings``),
@@ -15,11 +16,18 @@ order as vLLM 0.33.0 for what the plugin touches:
   ``eager_break_during_capture``), which orders the shared prefetch stream after the current
   one and records ``_prefetch_done``; ``_ready_rows`` -> ``_finish_prefetch`` (decorated) and
   ``staged_rows[:num_tokens]``; ``embed`` all-gathers the TP ranks' heads;
-- ``can_share_engram_tables`` asks ``check_shm_free_space`` for room for the whole table.
+- ``NgramHashState.dummy_hashes``: every id ``DEAD_ID`` (the model's dummy runs, nvidia/model.py);
+- ``can_share_engram_tables``: 0.33.0 asks ``check_shm_free_space`` for room for the whole
+  table; 0.34.0 asks ``_shm_shortfall``, which also wants it to fit in ``get_available_memory()``;
+- ``DPSharedEngramStorage.__init__``: 0.34.0 first tries the host-NUMA cuMem table
+  (``nvidia/ops/engram_host_table.share_host_table``; vLLM does where the platform is CUDA, the
+  stand-in always, so that a CPU run sees whether it is reached).
 
 Not replayed (the plugin replaces them; here they raise): vLLM's /dev/shm storage and its
-Triton UVA lookup kernel.  Where CUDA is absent no prefetch stream is made (vLLM always has
-one with cpu_offload), so ``prepare_embeddings`` takes its inline ``lookup`` branch.
+Triton UVA lookup kernel; nor the n-gram hash itself (0.33.0's V1 slot cache, 0.34.0's
+``lookback_token_ids``), which hands the plugin nothing but ids.  Where CUDA is absent no
+prefetch stream is made (vLLM always has one with cpu_offload), so ``prepare_embeddings`` takes
+its inline ``lookup`` branch.
 """
 from __future__ import annotations
 
@@ -30,14 +38,17 @@ import shutil
 import torch
 from torch import nn
 
+from vllm import REPLAYED
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.config import get_current_vllm_config
 from vllm.distributed import (get_engram_dp_group, get_engram_dp_size, get_tensor_model_parallel_rank,
                               get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather)
+from vllm.utils.cpu_resource_utils import get_available_memory
 
 logger = logging.getLogger(__name__)
 SHM_PATH = "/dev/shm"
 NOT_REPLAYED = "stand-in: vLLM's {} is a GPU path not replayed here (engramd's plugin replaces it)"
+DEAD_ID = -1
 
 
 def check_shm_free_space(required_bytes, shm_path=SHM_PATH, *, allocation_name="shared-memory allocation"):
@@ -76,6 +87,20 @@ class EngramLayout:
         self.primes = tuple(primes)
 
 
+def _shm_shortfall(num_bytes):
+    """0.34.0: why /dev/shm cannot hold the table, or None; it must also fit in available host memory."""
+    if not os.path.isdir(SHM_PATH):
+        return f"{SHM_PATH} is not mounted"
+    try:
+        check_shm_free_space(num_bytes, allocation_name="Engram tables")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    available = get_available_memory()
+    if num_bytes > available:
+        return f"{num_bytes / 2**30:.1f} GiB exceeds the {available / 2**30:.1f} GiB of available host memory"
+    return None
+
+
 def can_share_engram_tables(layout, block_size=32):
     if get_engram_dp_size() == 1:
         logger.warning("Engram DP replicas are not co-located on one node; storing the tables per rank")
@@ -83,16 +108,27 @@ def can_share_engram_tables(layout, block_size=32):
     num_bytes = sum(layout.num_embeddings) * (layout.head_dim + layout.head_dim // block_size)
     group = get_engram_dp_group()
     error = None
-    if group.rank_in_group == 0:
+    if REPLAYED == "0.33.0" and group.rank_in_group == 0:
         try:
             check_shm_free_space(num_bytes, allocation_name="Engram tables")
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    return group.broadcast_object(error) is None
+    elif group.rank_in_group == 0:
+        error = _shm_shortfall(num_bytes)
+    error = group.broadcast_object(error)
+    if error is not None:
+        logger.warning("Engram tables cannot be shared across DP replicas (%s); storing them per rank", error)
+    return error is None
 
 
 class DPSharedEngramStorage:
     def __init__(self, num_rows, dim, block_size, group) -> None:
+        if REPLAYED != "0.33.0":
+            from vllm.models.deepseek_v41.nvidia.ops import engram_host_table
+
+            num_bytes = num_rows * dim + num_rows * dim // block_size
+            if engram_host_table.share_host_table(num_bytes, group) is not None:
+                return
         raise NotImplementedError(NOT_REPLAYED.format("/dev/shm table (DPSharedEngramStorage)"))
 
     def load_weight(self, param, loaded_weight) -> None:
@@ -100,6 +136,18 @@ class DPSharedEngramStorage:
 
     def get_views(self, weight, scales):
         raise NotImplementedError(NOT_REPLAYED.format("DPSharedEngramStorage.get_views"))
+
+
+class NgramHashState(nn.Module):
+    """Only what dummy runs use: ids that take part in DP lookups without a valid row."""
+
+    def __init__(self, layout) -> None:
+        super().__init__()
+        self.num_layers, self.num_cols = len(layout.layer_ids), (layout.max_ngram_size - 1) * layout.n_heads
+
+    def dummy_hashes(self, input_ids):
+        hashes = input_ids.new_full((input_ids.shape[0], self.num_layers, self.num_cols), DEAD_ID, dtype=torch.int32)
+        return hashes, torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def _head_shard_weight_loader(param, loaded_weight) -> None:
