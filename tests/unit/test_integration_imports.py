@@ -1,7 +1,8 @@
 """What engram_client/integrations promises about imports: nothing of the daemon side, and nothing heavy until asked.
 
-vLLM imports every general plugin's entry point in each of its processes; with ENGRAMD_VLLM unset
-that import and the call must cost nothing: no torch, no vLLM module.
+vLLM imports every general plugin's entry point in each of its processes, and SGLang every
+``sglang.srt.plugins`` one; with ENGRAMD_VLLM / ENGRAMD_SGLANG unset that import and the call must
+cost nothing: no torch, no engine module.
 """
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def test_the_vllm_entry_point_loads_and_runs_without_torch_or_vllm_when_off():
     code = ("import os, sys\nos.environ.pop('ENGRAMD_VLLM', None)\n"
             "from engram_client.integrations.vllm import register\nregister()\n"
             "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'vllm')))\n")
+    result = run_torchless(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_sglang_entry_point_loads_and_runs_without_torch_or_sglang_when_off():
+    code = ("import os, sys\nos.environ.pop('ENGRAMD_SGLANG', None)\n"
+            "from engram_client.integrations.sglang import register\nregister()\n"
+            "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'sglang')))\n")
     result = run_torchless(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
