@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import os
 
+import pytest
+
 import engram_client.integrations
 from torchless import run_torchless
 
@@ -37,19 +39,11 @@ def test_integrations_import_nothing_of_the_daemon_side():
     assert offenders == []
 
 
-def test_the_vllm_entry_point_loads_and_runs_without_torch_or_vllm_when_off():
-    code = ("import os, sys\nos.environ.pop('ENGRAMD_VLLM', None)\n"
-            "from engram_client.integrations.vllm import register\nregister()\n"
-            "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'vllm')))\n")
-    result = run_torchless(code)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
-
-
-def test_the_sglang_entry_point_loads_and_runs_without_torch_or_sglang_when_off():
-    code = ("import os, sys\nos.environ.pop('ENGRAMD_SGLANG', None)\n"
-            "from engram_client.integrations.sglang import register\nregister()\n"
-            "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'sglang')))\n")
+@pytest.mark.parametrize("engine, switch", [("vllm", "ENGRAMD_VLLM"), ("sglang", "ENGRAMD_SGLANG")])
+def test_an_engines_entry_point_loads_and_runs_without_torch_or_the_engine_when_off(engine, switch):
+    code = (f"import os, sys\nos.environ.pop('{switch}', None)\n"
+            f"from engram_client.integrations.{engine} import register\nregister()\n"
+            f"print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', '{engine}')))\n")
     result = run_torchless(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
