@@ -17,9 +17,11 @@ process (SystemExit, with the reason), before a model is built.
 SGLang and torch are imported only inside ``register()``'s work, so loading the entry point
 costs nothing when the plugin is off.
 
-Must not import: ``engramd``, ``engram_client.tools``.  Imports from
-``engram_client.integrations.vllm`` only its engine-neutral pieces (RankClient, head_rows,
-raise_gathered, ServedLayer, check_loaded_weight, the daemon timeouts).
+From the vLLM plugin it imports only pieces that know no engine (RankClient, head_rows,
+raise_gathered, ServedLayer, heads_in_words, check_loaded_weight, the daemon timeouts), until
+they move to a module both plugins share.
+
+Must not import: ``engramd``, ``engram_client.tools``.
 """
 from __future__ import annotations
 
