@@ -22,9 +22,9 @@ extensions_stale() {
   return 1
 }
 # The package's entry points live in its installed metadata: a .venv made before one was added
-# (the vLLM plugin's) lacks it until the project is installed again.
+# (the vLLM plugin's, the SGLang plugin's) lacks it until the project is installed again.
 entry_points_current() {
-  .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(not any(e.value == 'engram_client.integrations.vllm:register' for e in m.entry_points(group='vllm.general_plugins')))"
+  .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(not all(any(e.value == f'engram_client.integrations.{engine}:register' for e in m.entry_points(group=group)) for engine, group in (('vllm', 'vllm.general_plugins'), ('sglang', 'sglang.srt.plugins'))))"
 }
 if .venv/bin/python -c "import engramd, engram_client, engram_client.lookup.host._host_gather, engram_client.hashing._ngram_hash, tokenizers, torch, zmq, pytest, xdist, hypothesis, prometheus_client, yaml" 2>/dev/null; then
   if ! .venv/bin/python -c "import triton" 2>/dev/null; then

@@ -182,7 +182,7 @@ def refuse_failures(fence: Fence, findings: list[Finding], switch_off: str) -> N
 
 # The engines with an integration, each a subpackage whose ``fences`` module holds FENCES
 # (version -> Fence) and nothing that imports the engine.
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "sglang")
 
 
 def engine_fences(engine: str) -> Mapping[str, Fence]:

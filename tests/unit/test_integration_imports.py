@@ -1,12 +1,15 @@
 """What engram_client/integrations promises about imports: nothing of the daemon side, and nothing heavy until asked.
 
-vLLM imports every general plugin's entry point in each of its processes; with ENGRAMD_VLLM unset
-that import and the call must cost nothing: no torch, no vLLM module.
+vLLM imports every general plugin's entry point in each of its processes, and SGLang every
+``sglang.srt.plugins`` one; with ENGRAMD_VLLM / ENGRAMD_SGLANG unset that import and the call must
+cost nothing: no torch, no engine module.
 """
 from __future__ import annotations
 
 import ast
 import os
+
+import pytest
 
 import engram_client.integrations
 from torchless import run_torchless
@@ -36,10 +39,11 @@ def test_integrations_import_nothing_of_the_daemon_side():
     assert offenders == []
 
 
-def test_the_vllm_entry_point_loads_and_runs_without_torch_or_vllm_when_off():
-    code = ("import os, sys\nos.environ.pop('ENGRAMD_VLLM', None)\n"
-            "from engram_client.integrations.vllm import register\nregister()\n"
-            "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'vllm')))\n")
+@pytest.mark.parametrize("engine, switch", [("vllm", "ENGRAMD_VLLM"), ("sglang", "ENGRAMD_SGLANG")])
+def test_an_engines_entry_point_loads_and_runs_without_torch_or_the_engine_when_off(engine, switch):
+    code = (f"import os, sys\nos.environ.pop('{switch}', None)\n"
+            f"from engram_client.integrations.{engine} import register\nregister()\n"
+            f"print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', '{engine}')))\n")
     result = run_torchless(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
