@@ -77,7 +77,7 @@ static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots) {
     for (int g = 0; g < (int)h->groups; g++)
         if (g == previous || g == group) {
             NbGroup *other = (NbGroup *)(b->map + NB_GROUPS_AT + (size_t)g * NB_GROUP_BYTES);
-            uint64_t key = nb_glock_group(other, b->slot);
+            uint64_t key = nb_glock_group(b, other);
             nb_clear_slot(b, other, b->slot);
             nb_gunlock_group(other, key);
         }

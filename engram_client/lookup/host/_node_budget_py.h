@@ -40,6 +40,7 @@ static PyObject *budget_stats(NodeBudgetObject *self, PyObject *unused) {
     NB_ITEM(d, "yields", PyLong_FromUnsignedLongLong(atomic_load(&s->yields)));
     NB_ITEM(d, "overdraft", PyLong_FromUnsignedLongLong(atomic_load(&s->overdraft)));
     NB_ITEM(d, "stand_ins", PyLong_FromUnsignedLongLong(atomic_load(&s->stand_ins)));
+    NB_ITEM(d, "lock_takeovers", PyLong_FromUnsignedLongLong(atomic_load(&b->glock_breaks)));
     NB_ITEM(d, "small_waits", PyLong_FromUnsignedLongLong(atomic_load(&s->small_waits)));
     NB_ITEM(d, "small_wait_blocks_max", PyLong_FromUnsignedLongLong(atomic_load(&s->small_wait_blocks_max)));
     return d;
@@ -141,7 +142,7 @@ NB_METHOD(budget_grant_log)
 NB_METHOD(budget_syscall_costs)
 
 static PyMethodDef budget_methods[] = {
-    {"stats", (PyCFunction)budget_stats_checked, METH_NOARGS, "This process's slot: held, rows, waits, yields, overdraft, stand-ins."},
+    {"stats", (PyCFunction)budget_stats_checked, METH_NOARGS, "This process's slot: held, rows, waits, yields, overdraft, stand-ins, decision locks taken over."},
     {"group_state", (PyCFunction)budget_group_state_checked, METH_NOARGS,
      "The group: tokens held (hints) and locked (the kernel), masks, gathering and its peak, grants."},
     {"grant_log", (PyCFunction)budget_grant_log_checked, METH_NOARGS,
