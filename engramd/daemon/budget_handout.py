@@ -10,6 +10,9 @@ still unread are counted per user (SO_PEERCRED):
     accept -> user at UNREAD_PER_USER, or UNREAD_TOTAL reached -> closed at once, nothing sent (logged)
            -> otherwise the descriptor is sent, and the connection kept until it is read or its peer leaves
 
+The memory's mode is put back before each handout where it changed (a process of the daemon's
+user may fchmod it, and a rank that cannot reopen it has no seat).
+
 A rank reads its descriptor as soon as it has connected, so it is never among the unread long;
 a peer that holds connections unread ties up at most UNREAD_PER_USER of the daemon's descriptors
 and of its user's budget for descriptors in flight, and other users' ranks are served meanwhile.
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import socket
+import stat
 import struct
 import termios
 import threading
@@ -31,7 +36,7 @@ ACCEPT_POLL_S = 0.2
 SEND_TIMEOUT_S = 1.0
 UNREAD_PER_USER = 16  # handouts one user may leave unread at once (a rank reads its own within milliseconds)
 UNREAD_TOTAL = 256    # ... and all users together: the daemon's descriptors these connections may hold
-REFUSAL_LOG_S = 10.0  # a refusal is logged at most this often
+WARN_EVERY_S = 10.0   # each kind of warning a peer can cause is logged at most this often
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -49,9 +54,10 @@ class BudgetHandout:
 
     def __init__(self, listener: socket.socket, budget_fd: int, closed: threading.Event):
         self.listener, self.fd, self.closed = listener, budget_fd, closed
+        self.mode = stat.S_IMODE(os.fstat(budget_fd).st_mode)  # as created: what each rank reopens it by
         self.unread: dict[socket.socket, int] = {}  # connection -> its peer's uid
-        self.refused = 0
-        self._refusal_logged_at = float("-inf")
+        self.refused = self.modes_restored = 0
+        self._logged_at: dict[str, float] = {}  # kind of warning -> when last logged
 
     def serve(self) -> None:
         try:
@@ -83,13 +89,23 @@ class BudgetHandout:
             self._say_refused(uid, held)
             return
         try:
+            self._restore_mode()
             conn.settimeout(SEND_TIMEOUT_S)
             socket.send_fds(conn, [b"B"], [self.fd])
         except OSError as exc:
             conn.close()
-            log.warning("could not hand the gather budget to a peer of uid %d: %s", uid, exc)
+            self._warn("send", "could not hand the gather budget to a peer of uid %d: %s", uid, exc)
             return
         self.unread[conn] = uid
+
+    def _restore_mode(self) -> None:
+        mode = stat.S_IMODE(os.fstat(self.fd).st_mode)
+        if mode != self.mode:
+            os.fchmod(self.fd, self.mode)
+            self.modes_restored += 1
+            self._warn("mode", "the gather budget's memory had mode %o, not %o (a process of the daemon's user changed "
+                       "it, and ranks could not reopen it): put back (%d times so far)", mode, self.mode,
+                       self.modes_restored)
 
     def _forget_read(self) -> None:
         """Close the connections whose peer has read the descriptor or left."""
@@ -99,13 +115,16 @@ class BudgetHandout:
 
     def _say_refused(self, uid: int, held: int) -> None:
         self.refused += 1
+        self._warn("refused", "refused the gather budget to a peer of uid %d: %s (%d refused so far); its ranks "
+                   "gather without the budget until it reads or closes them", uid,
+                   f"it holds {held} handouts unread, the most one user may" if held >= UNREAD_PER_USER else
+                   f"{len(self.unread)} handouts are unread, the most the daemon keeps", self.refused)
+
+    def _warn(self, kind: str, *args) -> None:
         now = time.monotonic()
-        if now - self._refusal_logged_at >= REFUSAL_LOG_S:
-            self._refusal_logged_at = now
-            log.warning("refused the gather budget to a peer of uid %d: %s (%d refused so far); its ranks gather "
-                        "without the budget until it reads or closes them", uid,
-                        f"it holds {held} handouts unread, the most one user may" if held >= UNREAD_PER_USER else
-                        f"{len(self.unread)} handouts are unread, the most the daemon keeps", self.refused)
+        if now - self._logged_at.get(kind, float("-inf")) >= WARN_EVERY_S:
+            self._logged_at[kind] = now
+            log.warning(*args)
 
 
 def _done(conn: socket.socket) -> bool:

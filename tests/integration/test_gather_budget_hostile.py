@@ -5,14 +5,19 @@ keeps one value, the slots' lock bytes all taken, a header written over, and con
 lasts (each attacker runs until the test ends it); no timing asserts."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import resource
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 
-from budget_ranks import RANK, read_line
+from budget_ranks import RANK, budget_fd, read_line
+from engram_client.core import budget_file
 from engram_client.tools.serve_process import serve_command
 from other_user import daemon_user, other_user  # noqa: F401  (fixtures)
 from waiting import end_process, wait_for
@@ -85,38 +90,144 @@ time.sleep(float(sys.argv[3]))
 DAEMON_NOFILE = 256  # the kernel passes no more descriptors than this for a user who has as many unread
 
 
-def test_connections_held_unread_on_the_budget_socket_keep_no_rank_off_it(shm_dir, daemon_user, other_user):
+@contextlib.contextmanager
+def unprivileged_daemon(user, shm_dir: str, *extra: str, groups: tuple[int, ...] = (), nofile: int | None = None):
+    """``engramd serve`` as ``user`` (supplementary ``groups``, RLIMIT_NOFILE ``nofile``) on the demo
+    table with a one-CPU budget, in a socket directory its group may enter; yields (its socket
+    directory, its endpoint, its log, the processes to end afterwards) once the budget's socket is there."""
     base = tempfile.mkdtemp(prefix="engt-h-")
-    os.chmod(base, 0o755)  # the daemon's user's socket directory, which its group may enter
-    os.chown(base, daemon_user.uid, daemon_user.gid)
-    os.chown(shm_dir, daemon_user.uid, daemon_user.gid)
+    os.chmod(base, 0o755)
+    os.chown(base, user.uid, user.gid)
+    os.chown(shm_dir, user.uid, user.gid)
     endpoint, log_path = f"ipc://{base}/engramd.sock", os.path.join(base, "engramd.log")
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
     processes = []
     try:
-        with open(log_path, "ab") as log:  # unprivileged, with other_user's group as the daemon's --group
+        with open(log_path, "ab") as log:
             processes.append(subprocess.Popen(
-                ["setpriv", f"--reuid={daemon_user.uid}", f"--regid={daemon_user.gid}", f"--groups={other_user.gid}",
-                 *serve_command(endpoint, shm_dir, "--group", other_user.name, "--gather-cpus", "0",
-                                log_level="info")],
-                stdout=log, stderr=subprocess.STDOUT, cwd="/",
-                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (DAEMON_NOFILE, DAEMON_NOFILE))))
+                ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}",
+                 f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+                 *serve_command(endpoint, shm_dir, "--gather-cpus", "0", *extra, log_level="info")],
+                stdout=log, stderr=subprocess.STDOUT, cwd="/", preexec_fn=limit))
         wait_for(lambda: os.path.exists(f"{base}/engramd.sock.budget"), "the daemon's budget socket", 60)
-        holder = other_user.spawn_python(HOLDER, f"{base}/engramd.sock.budget", str(DAEMON_NOFILE + 100), "600")
-        processes.append(holder)
-        assert holder.stdout.readline().strip() == f"holding {DAEMON_NOFILE + 100}", holder.stderr.read()
-        rank = daemon_user.spawn(sys.executable, RANK, endpoint, "8192", "3", "2", "0", "cpu", stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, cwd="/")
-        processes.append(rank)
-        attached = read_line(rank, 90, "attach line")
-        assert attached["slot"] is not None, attached["words"]  # its seat, while the connections are held
-        rank.stdin.write("go\n")
-        rank.stdin.flush()
-        result = read_line(rank, 120, "result line")
-        assert result["errors"] == [] and result["exact"] == result["calls"] == 3, result
-        assert holder.poll() is None, "the holder left before the rank was served: nothing was shown"
-        with open(log_path, errors="replace") as f:
-            assert f"refused the gather budget to a peer of uid {other_user.uid}" in f.read()
+        yield base, endpoint, log_path, processes
     finally:
         for process in processes:
             end_process(process, grace=5)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def rank_as(user, endpoint: str, processes: list) -> dict:
+    """A rank process (tests/budget_rank.py, 3 calls of 8,192 rows, 2 threads) of ``user``: its attach line."""
+    processes.append(user.spawn(sys.executable, RANK, endpoint, "8192", "3", "2", "0", "cpu", stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, cwd="/"))
+    return read_line(processes[-1], 90, "attach line")
+
+
+def rank_results(rank: subprocess.Popen) -> dict:
+    rank.stdin.write("go\n")
+    rank.stdin.flush()
+    result = read_line(rank, 120, "result line")
+    assert result["errors"] == [] and result["exact"] == result["calls"] == 3, result
+    return result
+
+
+def test_connections_held_unread_on_the_budget_socket_keep_no_rank_off_it(shm_dir, daemon_user, other_user):
+    # The daemon unprivileged, other_user's group as its --group: other_user may connect, as a member of it.
+    with unprivileged_daemon(daemon_user, shm_dir, "--group", other_user.name, groups=(other_user.gid,),
+                             nofile=DAEMON_NOFILE) as (base, endpoint, log_path, processes):
+        holder = other_user.spawn_python(HOLDER, f"{base}/engramd.sock.budget", str(DAEMON_NOFILE + 100), "600")
+        processes.append(holder)
+        assert holder.stdout.readline().strip() == f"holding {DAEMON_NOFILE + 100}", holder.stderr.read()
+        attached = rank_as(daemon_user, endpoint, processes)
+        assert attached["slot"] is not None, attached["words"]  # its seat, while the connections are held
+        rank_results(processes[-1])
+        assert holder.poll() is None, "the holder left before the rank was served: nothing was shown"
+        with open(log_path, errors="replace") as f:
+            assert f"refused the gather budget to a peer of uid {other_user.uid}" in f.read()
+
+
+def test_a_peer_that_writes_over_the_header_keeps_no_rank_off_its_seat(budget_daemon, ranks):
+    daemon = budget_daemon("0-1")
+    fd = budget_fd(daemon)  # as a member of the daemon's group has it
+    try:
+        os.pwrite(fd, (0).to_bytes(4, "little"), 16)  # the header's groups = 0
+        group = ranks(daemon.endpoint, [(16384, 3, 2)])
+        assert group.ready[0]["slot"] is not None, group.ready[0]["words"]  # seated on what the daemon announced
+        group.go()
+        group.results()
+    finally:
+        os.close(fd)
+
+
+def test_a_rank_kept_off_every_slot_gathers_beside_the_budget_on_one_slots_share_and_says_so(budget_daemon, ranks):
+    daemon = budget_daemon("0-1")
+    fd = budget_fd(daemon)
+    try:  # one lock over every slot's liveness byte, outside the protocol
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, budget_file.SLOT_LOCKS,
+                                                        budget_file.MAX_SLOTS, 0))
+        group = ranks(daemon.endpoint, [(16384, 3, 0)])  # gather_threads left to the budget
+        ready = group.ready[0]
+        assert ready["slot"] is None and ready["threads"] == 1, ready  # 2 tokens over 64 slots: one thread
+        assert "no seat on the node's gather budget (every one of the budget's 64 slots is locked" in ready["words"]
+        client = wait_for(lambda: (daemon.status()["clients"] or [{}])[0].get("budget") and daemon.status()["clients"][0],
+                          "the seatless rank's heartbeat", 30)
+        assert "slot" not in client["budget"] and client["budget"]["threads"] == 1, client
+        text = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "gather budget: no seat" in text and "1 thread of its own beside it on CPUs 0-1" in text, text
+        group.go()
+        group.results()
+    finally:
+        os.close(fd)
+
+
+# A process of the daemon's own user taking read and write from the budget's memory.
+UNMODE = r"""
+import os, sys
+from engram_client.core import budget_file
+fd = budget_file.receive(sys.argv[1], 5.0)
+os.fchmod(fd, 0)
+print("mode", oct(os.fstat(fd).st_mode & 0o777), flush=True)
+"""
+
+
+def test_a_budget_made_unreadable_by_the_daemons_user_is_put_back_or_refused_in_words(shm_dir, daemon_user):
+    with unprivileged_daemon(daemon_user, shm_dir) as (base, endpoint, log_path, processes):
+        socket_path = f"{base}/engramd.sock.budget"
+        done = subprocess.run(daemon_user.command(sys.executable, "-c", UNMODE, socket_path), capture_output=True,
+                              text=True, timeout=60)
+        assert done.stdout.strip() == "mode 0o0", done.stderr
+        attached = rank_as(daemon_user, endpoint, processes)  # not root: the mode binds it
+        assert attached.get("slot") is not None, attached  # the daemon put the mode back before handing it over
+        rank_results(processes[-1])
+        with open(log_path, errors="replace") as f:
+            assert "the gather budget's memory had mode 0, not" in f.read()
+    # Where the change lands between the daemon's look and the rank's open: an EngramError naming it.
+    fd = budget_file.create([1])
+    with tempfile.TemporaryDirectory(prefix="engt-m-") as where, socket.socket(socket.AF_UNIX) as listener:
+        os.chmod(where, 0o755)
+        listener.bind(f"{where}/b.sock")
+        os.chmod(f"{where}/b.sock", 0o777)
+        listener.listen(1)
+        os.fchmod(fd, 0)
+        receiver = subprocess.Popen(daemon_user.command(sys.executable, "-c", RECEIVE, f"{where}/b.sock"),
+                                    stdout=subprocess.PIPE, text=True)
+        listener.settimeout(30)
+        conn, _ = listener.accept()
+        with conn:
+            socket.send_fds(conn, [b"B"], [fd])
+            said = receiver.communicate(timeout=60)[0]
+    os.close(fd)
+    assert said.startswith("DaemonUnavailableError: cannot take the gather budget") and "mode 0," in said, said
+
+
+RECEIVE = r"""
+import sys
+from engram_client.core import budget_file
+try:
+    budget_file.receive(sys.argv[1], 5.0)
+    print("received")
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+"""

@@ -87,7 +87,8 @@
 
 typedef struct {
     uint64_t magic;
-    uint32_t version, file_bytes, groups, slots, small_rows, flags;  /* flags: NB_FLAG_*; others ignored */
+    uint32_t version, file_bytes, groups, slots, small_rows, flags;  /* flags: NB_FLAG_*, a hint to ranks, which
+                                                                          take the rest from the daemon's announcement */
     uint32_t tokens[NB_MAX_GROUPS];
 } NbHeader;
 

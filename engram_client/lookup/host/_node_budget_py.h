@@ -7,11 +7,11 @@ typedef struct {
 } NodeBudgetObject;
 
 static int budget_init(NodeBudgetObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"fd", "group", "tokens", "slots", NULL};
-    int fd, group, tokens, slots;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiii", names, &fd, &group, &tokens, &slots)) return -1;
+    static char *names[] = {"fd", "group", "tokens", "slots", "small_rows", NULL};
+    int fd, group, tokens, slots, small_rows = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiii|i", names, &fd, &group, &tokens, &slots, &small_rows)) return -1;
     if (self->b) return 0;
-    self->b = nb_open(fd, group, tokens, slots);
+    self->b = nb_open(fd, group, tokens, slots, small_rows);
     return self->b ? 0 : -1;
 }
 
@@ -165,7 +165,8 @@ static PyTypeObject NodeBudgetType = {
     .tp_name = "engram_client.lookup.host._host_gather.NodeBudget",
     .tp_basicsize = sizeof(NodeBudgetObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "NodeBudget(fd, group, tokens, slots): this process's slot in the node's gather budget",
+    .tp_doc = "NodeBudget(fd, group, tokens, slots, small_rows=0): this process's slot in the node's gather budget, "
+              "as the daemon announced it (small_rows 0: the header's)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)budget_init,
     .tp_dealloc = (destructor)budget_dealloc,
