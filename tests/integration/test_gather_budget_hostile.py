@@ -1,8 +1,10 @@
 """The node's gather budget against a hostile member of the daemon's group, with real rank processes
 and a raw attacker process holding the budget as a rank holds it: a decision lock word that never
-keeps one value, the slots' lock bytes all taken, a header written over, and connections to the
-``.budget`` socket held unread.  Every rank must still attach and look up exactly while the attack
-lasts (each attacker runs until the test ends it); no timing asserts."""
+keeps one value, the slots' lock bytes all taken, a header written over, the memory's mode taken
+away by a process of the daemon's user, and connections to the ``.budget`` socket held unread.
+Every rank must still attach and look up exactly while the attack lasts (each attacker runs until
+the test ends it), on a seat or, where none can be had, beside the budget saying so; no timing
+asserts."""
 from __future__ import annotations
 
 import contextlib
