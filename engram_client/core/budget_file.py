@@ -121,11 +121,18 @@ def receive(socket_path: str, timeout: float) -> int:
     if len(fds) != 1:
         for fd in fds:
             os.close(fd)
-        raise DaemonUnavailableError(f"{socket_path} sent {len(fds)} descriptors instead of the gather budget")
+        raise DaemonUnavailableError(f"{socket_path} sent {len(fds)} descriptors instead of the gather budget"
+                                     + ("" if fds else " (none: the daemon sends none to a user that leaves too "
+                                                       "many unread, nor while it stops)"))
     try:
         if (fcntl.fcntl(fds[0], fcntl.F_GET_SEALS) & SEALS) != SEALS:
             raise DaemonUnavailableError(f"{socket_path} sent memory that is not sealed against resizing")
         # A descriptor of our own: the daemon's open file description is shared by every rank.
         return os.open(f"/proc/self/fd/{fds[0]}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:  # its mode changed under the daemon (fchmod by a process of the daemon's user)
+        info = os.fstat(fds[0])
+        raise DaemonUnavailableError(f"cannot take the gather budget {socket_path} sent as this process's own: "
+                                     f"{exc.strerror} (its memory has mode {info.st_mode & 0o7777:o}, owner uid "
+                                     f"{info.st_uid}; this process has uid {os.geteuid()})") from exc
     finally:
         os.close(fds[0])

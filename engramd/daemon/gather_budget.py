@@ -6,7 +6,8 @@
 The budget's CPUs are split into groups, one per NUMA node; a group's tokens are its CPUs.
 The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
 and serves it on a unix socket beside its request socket, ``<socket>.budget``, from a thread
-of its own: a connection gets the descriptor and is closed.  After that the daemon is out of
+of its own: a connection gets the descriptor and is closed once its peer has read it, a user
+at most UNREAD_PER_USER unread at once (budget_handout.py).  After that the daemon is out of
 the way: ranks take and give back tokens among themselves (engram_client/lookup/host/_node_budget.h), and
 keep doing so while no daemon runs.  Status reads the kernel's lock table for each group's
 tokens and the counters each client reports in its heartbeats.
@@ -26,11 +27,11 @@ from dataclasses import dataclass
 
 from engram_client.core import budget_file
 from engram_client.core.errors import ConfigError
+
+from .budget_handout import ACCEPT_POLL_S, SEND_TIMEOUT_S, BudgetHandout
 from engram_client.core.numa_nodes import format_cpu_list, parse_cpu_list  # noqa: F401 (tests import them here)
 
 log = logging.getLogger("engramd.gather_budget")
-ACCEPT_POLL_S = 0.2
-SEND_TIMEOUT_S = 1.0
 # What a client may report in its heartbeat (engram_client/lookup/host/gather_seat.py): name -> type.
 REPORT_FIELDS = {"slot": int, "group": int, "tokens": int, "threads": int, "cpus": str, "held": int, "rows": int,
                  "wait_s": float, "acquired": int, "yields": int, "overdraft": int, "prefill_threads": int,
@@ -171,7 +172,8 @@ class GatherBudget:
         except BaseException:
             self.close()
             raise
-        self.thread = threading.Thread(target=self._serve, name="engramd-gather-budget", daemon=True)
+        self.handout = BudgetHandout(self.listener, self.fd, self._closed)
+        self.thread = threading.Thread(target=self.handout.serve, name="engramd-gather-budget", daemon=True)
         self.thread.start()
         log.info("gather budget: %s, handed to ranks on %s", self.summary(), socket_path)
 
@@ -198,23 +200,6 @@ class GatherBudget:
         sock.listen(64)
         sock.settimeout(ACCEPT_POLL_S)
         return sock
-
-    def _serve(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except (TimeoutError, socket.timeout):
-                continue
-            except OSError:
-                if self._closed.is_set():
-                    return
-                continue
-            with conn:
-                try:
-                    conn.settimeout(SEND_TIMEOUT_S)
-                    socket.send_fds(conn, [b"B"], [self.fd])
-                except OSError as exc:  # the peer went away: nothing owed
-                    log.debug("could not hand the gather budget over: %s", exc)
 
     def summary(self) -> str:
         groups = "; ".join(f"NUMA node {g.node}: {len(g.cpus)} tokens on CPUs {format_cpu_list(list(g.cpus))}"

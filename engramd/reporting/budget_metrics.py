@@ -25,7 +25,9 @@ def budget_families(status: dict):
                                   ("prefill_threads", "Threads of a client's pool gathering prefill-size calls at "
                                                       "SCHED_IDLE (--prefill-gathers idle; 0: none)"),
                                   ("stand_ins", "Decode-size calls a client gathered in place of a prefill thread "
-                                                "kept off its CPU holding a token"))}
+                                                "kept off its CPU holding a token"),
+                                  ("seated", "1 while a client has a seat on the budget, 0 while it gathers beside "
+                                             "it (its slots locked, or its memory not to be had)"))}
     for client in status.get("clients", []):
         budget = client.get("budget")
         if not budget:
@@ -35,4 +37,5 @@ def budget_families(status: dict):
                            ("overdrafts", "overdraft"), ("prefill_threads", "prefill_threads"),
                            ("stand_ins", "stand_ins")):
             families[key].add_metric(labels, budget.get(field, 0))
+        families["seated"].add_metric(labels, int("slot" in budget))
     yield from families.values()

@@ -92,6 +92,10 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
     """A client's share of the gather budget, as its heartbeats report it."""
     if not budget:
         return ""
+    if "slot" not in budget:  # the daemon has a budget, and this client no seat on it (gather_seat.py)
+        return (f"gather budget: no seat (its slots locked, or its memory not to be had: the client's log says "
+                f"which); {_plural(budget.get('threads', 0), 'thread')} of its own beside it on CPUs "
+                f"{budget.get('cpus')} (group {budget.get('group')}, {_plural(budget.get('tokens', 0), 'token')})")
     return (f"gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
             f"{budget.get('cpus')} (group {budget.get('group')}, {budget.get('tokens')} tokens), holds "
             f"{budget.get('held', 0)}; {budget.get('rows', 0):,} rows gathered, {budget.get('wait_s', 0.0):.3f} s "

@@ -99,10 +99,11 @@ def test_a_budget_is_sealed_and_a_rank_refuses_one_that_is_not(tmp_path):
         view = budget_file.BudgetView(fd)
         assert (view.groups, view.tokens) == (2, [3, 2])
         view.close()
-        with pytest.raises(EngramError, match="does not match what the daemon announced"):
-            _host_gather.NodeBudget(fd, 1, 3, budget_file.MAX_SLOTS)  # group 1 has 2 tokens
-        budget = _host_gather.NodeBudget(fd, 1, 2, budget_file.MAX_SLOTS)
-        assert (budget.group, budget.tokens, budget.slot) == (1, 2, 0)
+        with pytest.raises(EngramError, match="announced with a group, tokens, slots or small rows out of range"):
+            _host_gather.NodeBudget(fd, budget_file.MAX_GROUPS, 2, budget_file.MAX_SLOTS)
+        os.pwrite(fd, (0).to_bytes(4, "little"), 16)  # groups = 0: what any rank may write over the header
+        budget = _host_gather.NodeBudget(fd, 1, 2, budget_file.MAX_SLOTS, small_rows=100)  # the announcement holds
+        assert (budget.group, budget.tokens, budget.slot, budget.small_rows) == (1, 2, 0, 100)
     finally:
         os.close(fd)
     plain = os.open(tmp_path / "plain", os.O_RDWR | os.O_CREAT, 0o600)
@@ -110,3 +111,19 @@ def test_a_budget_is_sealed_and_a_rank_refuses_one_that_is_not(tmp_path):
     with pytest.raises(EngramError, match="not sealed against shrinking"):
         _host_gather.NodeBudget(plain, 0, 1, budget_file.MAX_SLOTS)
     os.close(plain)
+
+
+def test_a_rank_without_a_seat_says_so_to_any_daemon_status_and_the_metrics():
+    from engramd.reporting.budget_metrics import budget_families
+    from engramd.reporting.status_text import _client_budget
+
+    group = {"group": 0, "node": 0, "cpus": [0, 1], "tokens": 2}
+    seat = GatherSeat(1, "no seat", None, group, [0, 1], "b1", seatless=True)
+    report = seat.report((1, 3))
+    assert report == {"group": 0, "tokens": 2, "threads": 1, "cpus": "0-1"} and client_report(report) == report
+    assert _client_budget(report).startswith("gather budget: no seat") and "1 thread of its own" in _client_budget(report)
+    assert GatherSeat(3, "no budget").report((1, 6)) is None  # no budget at all: nothing to report
+    status = {"clients": [{"id": "c1", "rank": None, "budget": report},
+                          {"id": "c2", "rank": 0, "budget": {**report, "slot": 4}}]}
+    seated = next(f for f in budget_families(status) if f.name == "engramd_client_gather_seated")
+    assert {s.labels["client"]: s.value for s in seated.samples} == {"c1": 0, "c2": 1}

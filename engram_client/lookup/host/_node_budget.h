@@ -21,8 +21,9 @@
  * hold one token: within a process a private bitmap claims a token before its lock is taken (one
  * open file description per process, so the kernel alone would not tell our own threads apart).
  *
- * Scheduling, decided under the group's lock word (held for a few hundred ns; a holder that keeps
- * it NB_GLOCK_BREAK_NS is taken over: what it guards is advisory):
+ * Scheduling, decided under the group's lock word (held for a few hundred ns; a waiter that has not
+ * had it for NB_GLOCK_BREAK_NS takes it over, whatever it holds, and then decides without it for a
+ * while: what it guards is advisory):
  *   - work-conserving: with nobody else wanting, a slot takes every free token;
  *   - small first: a prefill worker takes a token only if more are free than slots wait with a
  *     decode-size job (at most small_rows rows), and yields at the next block boundary while one waits;
@@ -71,7 +72,8 @@
 #define NB_WAITER_NAP_NS 500000LL      /* ... and, asleep, looks for a free token to help on this often */
 #define NB_STARVE_NS 1000000000LL      /* holding nothing this long: the tokens are kept from us */
 #define NB_OVERDRAFT_NS 10000000000LL  /* then gather without tokens this long before trying again */
-#define NB_GLOCK_BREAK_NS 50000000LL
+#define NB_GLOCK_BREAK_NS 50000000LL      /* a decision lock not had in this long is taken over, whatever it holds */
+#define NB_GLOCK_BYPASS_NS 1000000000LL  /* ... and the process then decides without it this long */
 #define NB_FOREIGN_NS 10000000LL       /* a token locked outside the hints is skipped this long */
 #define NB_QUANTUM_NS 1000000LL        /* the group rotates one token this often, at most */
 #define NB_QUANTUM_MIN_BLOCKS 8
@@ -85,7 +87,8 @@
 
 typedef struct {
     uint64_t magic;
-    uint32_t version, file_bytes, groups, slots, small_rows, flags;  /* flags: NB_FLAG_*; others ignored */
+    uint32_t version, file_bytes, groups, slots, small_rows, flags;  /* flags: NB_FLAG_*, a hint to ranks, which
+                                                                          take the rest from the daemon's announcement */
     uint32_t tokens[NB_MAX_GROUPS];
 } NbHeader;
 
@@ -131,6 +134,8 @@ typedef struct NodeBudget {
     atomic_ulong mine[NB_MAX_TOKENS / 64];  /* tokens this process holds: private, so no peer can forge it */
     _Atomic int64_t foreign_until[NB_MAX_TOKENS];
     _Atomic int64_t last_sweep, overdraft_until;
+    _Atomic int64_t glock_bypass_until;    /* deciding without the group's lock until then (nb_glock_group) */
+    _Atomic uint64_t glock_breaks;         /* decision locks this process took over or passed by */
     _Atomic int overdraft_now;
     _Atomic int held_here, want_here, small_here;  /* this process's own counts: what its slot should say */
     _Atomic int crew_held_here, standing_in_here;
@@ -168,19 +173,33 @@ static inline int nb_usable(const NodeBudget *b) {
 static inline int nb_ceil_div(int a, int b) { return b > 0 ? (a + b - 1) / b : a; }
 
 /* ---- the decision lock ------------------------------------------------------------------------ */
-static uint64_t nb_glock_group(NbGroup *g, int slot) {
-    uint64_t mine = (atomic_fetch_add(&g->lock_count, 1) + 1) << 8 | (uint64_t)(slot + 1);
-    uint64_t seen = 0;
-    int64_t seen_at = 0;
+/* The group's lock word, or 0 where this process decides without it.  A waiter that has not had it
+ * for NB_GLOCK_BREAK_NS takes it over whatever the word holds: a holder that died or never lets go
+ * leaves one value there, a peer storing a new one every millisecond leaves none for long, and
+ * either way what the lock guards is advisory.  A word that changed between the look and the swap
+ * is passed by.  A lock broken once is likely to need it again, so the process then decides
+ * without it for NB_GLOCK_BYPASS_NS: a hostile peer costs it one wait a second at most. */
+static uint64_t nb_glock_group(NodeBudget *b, NbGroup *g) {
+    int64_t bypass = atomic_load_explicit(&b->glock_bypass_until, memory_order_relaxed);
+    if (bypass) {
+        if (now_ns() < bypass) return 0;
+        atomic_compare_exchange_strong(&b->glock_bypass_until, &bypass, 0);
+    }
+    uint64_t mine = (atomic_fetch_add(&g->lock_count, 1) + 1) << 8 | (uint64_t)(b->slot + 1);
+    int64_t since = 0;
     for (int spins = 0;; spins++) {
         uint64_t expected = 0;
         if (atomic_compare_exchange_weak(&g->lock, &expected, mine)) return mine;
-        if (expected != seen) {
-            seen = expected, seen_at = now_ns();
-        } else if (spins % 64 == 0 && now_ns() - seen_at > NB_GLOCK_BREAK_NS &&
-                   atomic_compare_exchange_strong(&g->lock, &expected, mine)) {
-            atomic_fetch_add(&g->breaks, 1);  /* its holder died or never lets go: take it over */
-            return mine;
+        if (spins % 64 == 0) {
+            int64_t now = now_ns();
+            if (!since) {
+                since = now;
+            } else if (now - since > NB_GLOCK_BREAK_NS) {
+                atomic_store(&b->glock_bypass_until, now + NB_GLOCK_BYPASS_NS);
+                atomic_fetch_add(&b->glock_breaks, 1);
+                atomic_fetch_add(&g->breaks, 1);
+                return atomic_compare_exchange_strong(&g->lock, &expected, mine) ? mine : 0;
+            }
         }
         if (spins < 256) cpu_relax(); else sched_yield();
     }
@@ -188,10 +207,10 @@ static uint64_t nb_glock_group(NbGroup *g, int slot) {
 
 static void nb_gunlock_group(NbGroup *g, uint64_t mine) {
     uint64_t expected = mine;
-    atomic_compare_exchange_strong(&g->lock, &expected, 0);  /* not ours any more: taken over */
+    if (mine) atomic_compare_exchange_strong(&g->lock, &expected, 0);  /* not ours any more: taken over */
 }
 
-static inline uint64_t nb_glock(NodeBudget *b) { return nb_glock_group(b->g, b->slot); }
+static inline uint64_t nb_glock(NodeBudget *b) { return nb_glock_group(b, b->g); }
 static inline void nb_gunlock(NodeBudget *b, uint64_t key) { nb_gunlock_group(b->g, key); }
 
 /* ---- reading the group ------------------------------------------------------------------------ */

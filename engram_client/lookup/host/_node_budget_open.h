@@ -24,8 +24,11 @@ static void nb_unref(NodeBudget *b) {
     free(b);
 }
 
-/* Map the budget behind fd (a descriptor of its own, duplicated here) and claim a slot. */
-static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots) {
+/* Map the budget behind fd (a descriptor of its own, duplicated here) and claim a slot.  What the
+ * daemon announced (group, tokens, slots, small_rows; 0: the header's) is the truth: the header lies
+ * in memory every rank may write, so only what the kernel says of the file (size, seals) refuses
+ * it, and a peer's write over the header changes no rank's seat.  Its flags are read as a hint. */
+static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots, int small_rows) {
     static int atfork_done;
     int fd = fcntl(fd_in, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return (NodeBudget *)PyErr_SetFromErrno(PyExc_OSError);
@@ -34,15 +37,14 @@ static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots) {
     const char *why = NULL;
     if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size < NB_FILE_BYTES) why = "is not a budget of the right size";
     else if (seals < 0 || !(seals & F_SEAL_SHRINK)) why = "is not sealed against shrinking (a peer could truncate it under us)";
+    else if (group < 0 || group >= NB_MAX_GROUPS || slots < 1 || slots > NB_MAX_SLOTS || tokens < 1 ||
+             tokens > NB_MAX_TOKENS || small_rows < 0)
+        why = "was announced with a group, tokens, slots or small rows out of range";
     void *map = why ? MAP_FAILED : mmap(NULL, NB_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (!why && map == MAP_FAILED) why = "cannot be mapped";
     const NbHeader *h = map == MAP_FAILED ? NULL : map;
-    if (!why && (h->magic != NB_MAGIC || h->version != NB_VERSION || h->file_bytes != NB_FILE_BYTES))
-        why = "has no budget header of this version";
-    if (!why && (group < 0 || group >= (int)h->groups || h->groups > NB_MAX_GROUPS || slots != (int)h->slots ||
-                 slots < 1 || slots > NB_MAX_SLOTS || tokens != (int)h->tokens[group] || tokens < 1 ||
-                 tokens > NB_MAX_TOKENS || h->small_rows < 1))
-        why = "does not match what the daemon announced (group, tokens or slots)";
+    if (!why && !small_rows && (small_rows = (int)h->small_rows) < 1)
+        why = "has no size of a decode-size job in its header (pass the one the daemon announced)";
     if (why) {
         if (map != MAP_FAILED) munmap(map, NB_FILE_BYTES);
         close(fd);
@@ -56,7 +58,7 @@ static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots) {
         return (NodeBudget *)PyErr_NoMemory();
     }
     b->map = map, b->fd = fd, b->group = group, b->tokens = tokens, b->slots = slots;
-    b->small_rows = (int)h->small_rows;
+    b->small_rows = small_rows;
     b->flags = h->flags;
     b->g = (NbGroup *)(b->map + NB_GROUPS_AT + (size_t)group * NB_GROUP_BYTES);
     b->generation = atomic_load(&fork_generation);
@@ -68,16 +70,17 @@ static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots) {
         munmap(map, NB_FILE_BYTES);
         close(fd);
         free(b);
-        PyErr_Format(err_class(), "every one of the budget's %d slots is held by a live rank", slots);
+        PyErr_Format(err_class(), "every one of the budget's %d slots is locked (by live ranks, or by a peer "
+                     "holding their lock bytes)", slots);
         return NULL;
     }
     b->bit = 1ULL << b->slot;
     b->s = nb_slot(b, b->slot);
     int previous = atomic_load(&b->s->group);  /* a dead owner's hints, in whichever group it was */
-    for (int g = 0; g < (int)h->groups; g++)
+    for (int g = 0; g < NB_MAX_GROUPS; g++)
         if (g == previous || g == group) {
             NbGroup *other = (NbGroup *)(b->map + NB_GROUPS_AT + (size_t)g * NB_GROUP_BYTES);
-            uint64_t key = nb_glock_group(other, b->slot);
+            uint64_t key = nb_glock_group(b, other);
             nb_clear_slot(b, other, b->slot);
             nb_gunlock_group(other, key);
         }

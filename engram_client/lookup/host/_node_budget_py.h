@@ -7,11 +7,11 @@ typedef struct {
 } NodeBudgetObject;
 
 static int budget_init(NodeBudgetObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"fd", "group", "tokens", "slots", NULL};
-    int fd, group, tokens, slots;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiii", names, &fd, &group, &tokens, &slots)) return -1;
+    static char *names[] = {"fd", "group", "tokens", "slots", "small_rows", NULL};
+    int fd, group, tokens, slots, small_rows = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiii|i", names, &fd, &group, &tokens, &slots, &small_rows)) return -1;
     if (self->b) return 0;
-    self->b = nb_open(fd, group, tokens, slots);
+    self->b = nb_open(fd, group, tokens, slots, small_rows);
     return self->b ? 0 : -1;
 }
 
@@ -40,6 +40,7 @@ static PyObject *budget_stats(NodeBudgetObject *self, PyObject *unused) {
     NB_ITEM(d, "yields", PyLong_FromUnsignedLongLong(atomic_load(&s->yields)));
     NB_ITEM(d, "overdraft", PyLong_FromUnsignedLongLong(atomic_load(&s->overdraft)));
     NB_ITEM(d, "stand_ins", PyLong_FromUnsignedLongLong(atomic_load(&s->stand_ins)));
+    NB_ITEM(d, "lock_takeovers", PyLong_FromUnsignedLongLong(atomic_load(&b->glock_breaks)));
     NB_ITEM(d, "small_waits", PyLong_FromUnsignedLongLong(atomic_load(&s->small_waits)));
     NB_ITEM(d, "small_wait_blocks_max", PyLong_FromUnsignedLongLong(atomic_load(&s->small_wait_blocks_max)));
     return d;
@@ -141,7 +142,7 @@ NB_METHOD(budget_grant_log)
 NB_METHOD(budget_syscall_costs)
 
 static PyMethodDef budget_methods[] = {
-    {"stats", (PyCFunction)budget_stats_checked, METH_NOARGS, "This process's slot: held, rows, waits, yields, overdraft, stand-ins."},
+    {"stats", (PyCFunction)budget_stats_checked, METH_NOARGS, "This process's slot: held, rows, waits, yields, overdraft, stand-ins, decision locks taken over."},
     {"group_state", (PyCFunction)budget_group_state_checked, METH_NOARGS,
      "The group: tokens held (hints) and locked (the kernel), masks, gathering and its peak, grants."},
     {"grant_log", (PyCFunction)budget_grant_log_checked, METH_NOARGS,
@@ -164,7 +165,8 @@ static PyTypeObject NodeBudgetType = {
     .tp_name = "engram_client.lookup.host._host_gather.NodeBudget",
     .tp_basicsize = sizeof(NodeBudgetObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "NodeBudget(fd, group, tokens, slots): this process's slot in the node's gather budget",
+    .tp_doc = "NodeBudget(fd, group, tokens, slots, small_rows=0): this process's slot in the node's gather budget, "
+              "as the daemon announced it (small_rows 0: the header's)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)budget_init,
     .tp_dealloc = (destructor)budget_dealloc,

@@ -10,7 +10,11 @@ the group has tokens, so a rank alone may use all of them.
 
 ``gather_threads`` given by the caller still sizes the pool; the seat says in words what that
 means beside the budget.  Without a budget (a daemon run with --gather-cpus off, or one older
-than 1.3) or without a seat (every slot held) the pool is sized as before, alone.
+than 1.3) the pool is sized as before, alone.  Without a seat on a budget the daemon has (every
+slot locked, or its memory could not be had: a peer of the daemon's group can do either) the
+pool gathers beside it on the share of one slot, pinned to the group's CPUs, and says so in its
+words, its log and its heartbeats (a report without ``slot``): ranks kept off their seats never
+oversubscribe the CPUs the budget shares.
 """
 from __future__ import annotations
 
@@ -89,6 +93,7 @@ class GatherSeat:
     budget_id: str | None = None
     pool: Any = None  # the pool open_pool started on this seat
     prefill_words: str = ""  # what the daemon's --prefill-gathers rule means for the pool, once it is open
+    seatless: bool = False  # the daemon has a budget, but this rank has no seat on it (take_seat)
 
     @property
     def explanation(self) -> str:
@@ -97,8 +102,9 @@ class GatherSeat:
     def report(self, daemon_version: tuple[int, int] | None = None) -> dict | None:
         """The counters a heartbeat carries (engramd/gather_budget.py checks them), those the daemon
         knows: ``daemon_version`` is the protocol version of its replies."""
-        if self.budget is None:
-            return None
+        if self.budget is None:  # without a seat: what the pool is, and no slot (status says "no seat")
+            return {"group": self.group["group"], "tokens": self.group["tokens"], "threads": self.threads,
+                    "cpus": format_cpus(self.cpus or self.group["cpus"])} if self.seatless else None
         stats = self.budget.stats()
 
         def sane(value):  # counters live in shared memory a peer may scribble on: report them bounded
@@ -146,8 +152,9 @@ def _open_budget(spec: dict, group: dict, timeout: float):
     from .host_lookup import _host_gather  # host_lookup gives the C module the project's error classes
 
     fd = budget_file.receive(spec["socket"], timeout)
-    try:
-        return _host_gather.NodeBudget(fd, group["group"], group["tokens"], spec["slots"])
+    try:  # as the daemon announced it: the budget's header is memory every rank may write
+        return _host_gather.NodeBudget(fd, group["group"], group["tokens"], spec["slots"],
+                                       small_rows=spec.get("small_rows", 0))
     finally:
         os.close(fd)
 
@@ -168,10 +175,7 @@ def take_seat(spec: dict | None, device, requested: int | None, alone_default: i
     try:
         budget = _open_budget(spec, group, timeout)
     except EngramError as exc:
-        threads = alone_default if requested is None else requested
-        log.warning("could not take a seat on the node's gather budget (%s); this rank gathers with %d threads "
-                    "of its own, beside the budget", exc, threads)
-        return GatherSeat(threads, f"no seat on the node's gather budget ({exc}): {threads} threads of its own")
+        return _seatless(spec, group, requested, allowed, exc)
     tokens = group["tokens"]
     threads = min(tokens, MAX_BUDGET_THREADS) if requested is None else requested
     cpus = sorted(allowed & set(group["cpus"])) or None
@@ -189,6 +193,21 @@ def take_seat(spec: dict | None, device, requested: int | None, alone_default: i
                     "leave gather_threads unset to let a rank alone use every token") + pinned)
         log.warning("engram_client: %s", words)
     return GatherSeat(threads, words, budget, group, cpus, spec.get("id"))
+
+
+def _seatless(spec: dict, group: dict, requested: int | None, allowed: set[int], exc: EngramError) -> GatherSeat:
+    """No seat on the daemon's budget: a pool beside it, of the share one slot has of the group's
+    tokens (at least 1), pinned to the group's CPUs."""
+    slots = max(1, spec.get("slots") or 1)
+    share = max(1, -(-group["tokens"] // slots))
+    threads = share if requested is None else min(requested, share)
+    cpus = sorted(allowed & set(group["cpus"])) or None
+    words = (f"no seat on the node's gather budget ({exc}): this rank gathers beside it on {_n(threads, 'thread')} "
+             f"of its own, the share of one of its {slots} slots in group {group['group']} (CPUs "
+             f"{format_cpus(group['cpus'])}, {_n(group['tokens'], 'token')})"
+             + (f", not the {requested} gather_threads asks for" if requested is not None and requested > share else ""))
+    log.warning("engram_client: %s", words)
+    return GatherSeat(threads, words, None, group, cpus, spec.get("id"), seatless=True)
 
 
 def move_seat(seat: GatherSeat, pool, spec: dict | None, device, timeout: float = 5.0) -> None:
