@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from vllm_ranks import _free_port as free_port  # noqa: F401 (the test imports it from here)
+from waiting import free_port  # noqa: F401 (the test imports it from here)
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_standin")
 RANK_PROGRAM = os.path.join(STANDIN, "replay_rank.py")

@@ -161,7 +161,7 @@ def demo(ranks: int | None, device_kind: str, lookups: int, ids_per_lookup: int)
 @click.option("--force", is_flag=True, help="Replace the keys DIRECTORY already holds.")
 def keys(directory: str, force: bool) -> None:
     """Create CURVE keys for --remote-status: a server keypair and one authorized client keypair."""
-    from ..daemon.curve_keys import CurveConfigError, check_keys_directory, create_keys
+    from ..guards.curve_keys import CurveConfigError, check_keys_directory, create_keys
 
     try:  # before anything is read or written there: another user's directory may hold planted keys
         if os.path.lexists(directory):

@@ -3,7 +3,7 @@
 A TCP endpoint answers ``status`` and nothing else, and only to clients whose CURVE
 public key sits in the authorized-keys directory: without that, anyone who can reach
 the port could read the node's state.  The keys, and the checks on who may change them,
-are curve_keys.py's.
+are engramd/guards/curve_keys.py's.
 
 A peer that has not completed the CURVE handshake within HANDSHAKE_S is disconnected (libzmq's
 default, 30 s, let connections that never start one pin a descriptor each), and the server
@@ -19,7 +19,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from engram_client.core import protocol
 
 from ..wire.bounds import HANDSHAKE_S
-from .curve_keys import CurveConfigError, server_keys
+from ..guards.curve_keys import CurveConfigError, server_keys
 
 
 class RemoteStatus:

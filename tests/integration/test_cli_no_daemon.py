@@ -125,7 +125,7 @@ def test_status_wait_still_waits_for_a_daemon_that_starts_later(daemon_factory, 
 
 
 def test_silence_on_tcp_is_explained_without_talk_of_socket_files(tmp_path):
-    from engramd.daemon.curve_keys import create_keys
+    from engramd.guards.curve_keys import create_keys
     from waiting import free_port
 
     keys = str(tmp_path / "keys")

@@ -17,7 +17,7 @@ import tempfile
 import pytest
 import zmq
 
-from engramd.daemon.curve_keys import create_keys
+from engramd.guards.curve_keys import create_keys
 from other_user import other_user  # noqa: F401  (a fixture)
 from waiting import free_port
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from engram_client.attach.connection import DaemonConnection
-from engramd.daemon.curve_keys import create_keys
+from engramd.guards.curve_keys import create_keys
 from engramd.guards.fd_limits import MIN_NOFILE, OWN_FDS, PEER_SHARE, peer_budget
 from engramd.wire.bounds import RESERVED_PLACES, USER_SHARE
 from other_user import OtherUser, daemon_user, other_user  # noqa: F401  (fixtures)

@@ -13,7 +13,7 @@ from waiting import free_port
 
 from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import ProtocolError, RequestError
-from engramd.daemon.curve_keys import create_keys
+from engramd.guards.curve_keys import create_keys
 
 
 def test_files_are_owner_only_by_default(demo_daemon):

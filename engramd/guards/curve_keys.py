@@ -13,7 +13,7 @@ fresh name created exclusively (O_EXCL, O_NOFOLLOW), then renamed to its own.  p
 ``create_certificates`` writes with the umask's mode (0644) and a chmod after: another user
 reading the file in between had the secret.
 
-Owns the key files; the TCP socket that uses them is remote_status.py's.
+Owns the key files; the TCP socket that uses them is engramd/daemon/remote_status.py's.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import zmq.auth
 
 from engram_client.core.errors import EngramError
 
-from ..guards.safe_paths import UnsafePathError, check_directory
-from ..guards.whole_files import write_then_rename
+from .safe_paths import UnsafePathError, check_directory
+from .whole_files import write_then_rename
 
 
 class CurveConfigError(EngramError):
