@@ -25,6 +25,7 @@ import torch
 
 from .client_state import ClientState, same_file
 from .attach.connection import DaemonConnection
+from .attach.fork_guard import single_thread_torch_after_fork
 from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
 from .lookup.host.hot_cache import cache_for_view
@@ -55,6 +56,7 @@ class EngramClient:
                 raise CudaRegistrationError(f"device {device} requested but CUDA is not available")
             self.device = torch.device("cuda", self.device.index if self.device.index is not None
                                        else torch.cuda.current_device())
+        single_thread_torch_after_fork()  # before any lookup of this process can wait on the parent's threads
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
         self._signalling = None  # how the host path signals on this device (host_signal.py), where it runs
