@@ -87,7 +87,7 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
-        wait_ready(state.connection, timeout, min_request_timeout=0.1)
+        wait_ready(state.connection, timeout)
         from .lookup.host.gather_seat import rank_node
         state.numa_node = rank_node(self.device)  # picks the table replica it maps (protocol 1.4)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
