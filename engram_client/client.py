@@ -25,8 +25,9 @@ import torch
 
 from .client_state import ClientState, same_file
 from .attach.connection import DaemonConnection
+from .attach.daemon_probe import MISSING, absent_reason
 from .attach.fork_guard import single_thread_torch_after_fork
-from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
+from .core.errors import CudaRegistrationError, DaemonUnavailableError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
 from .lookup.host.hot_cache import cache_for_view
 from .lookup.uva.hot_rows import HotRowCache
@@ -87,6 +88,9 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
+        if absent_reason(state.connection.endpoint, probe=False) == MISSING:  # as the command line says it, at once
+            raise DaemonUnavailableError(f"no engramd at {state.connection.endpoint}: {MISSING} (start engramd "
+                                         "first, or point ENGRAMD_SOCKET or endpoint= at its socket)")
         wait_ready(state.connection, timeout)
         from .lookup.host.gather_seat import rank_node
         state.numa_node = rank_node(self.device)  # picks the table replica it maps (protocol 1.4)
@@ -289,6 +293,8 @@ class EngramClient:
 
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         """The daemon's status (the same object ``engramd status --json`` prints)."""
+        if self._state.mapped is None:  # closed: its connection must not open again behind the caller's back
+            raise NotAttachedError("client is closed")
         return self._state.connection.request("status", timeout=timeout)
 
     def close(self) -> None:

@@ -43,7 +43,8 @@ class DaemonConnection:
         self.endpoint = endpoint or endpoints.default_endpoint()
         self.curve_keys_dir = curve_keys_dir
         if self.endpoint.startswith("tcp://") and curve_keys_dir is None:
-            raise ProtocolError(f"{self.endpoint}: engramd serves TCP only with CURVE; give the keys directory")
+            raise ProtocolError(f"{self.endpoint}: engramd serves TCP only with CURVE; give the keys directory "
+                                "(curve_keys_dir=, or engramd status --curve-keys-dir DIR)")
         self._path = endpoints.ipc_path(self.endpoint)
         self._check_socket_access()
         self._owner_pid = os.getpid()

@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable
 
 from .connection import DaemonConnection
+from .daemon_probe import absent_reason
 from ..core.errors import DaemonUnavailableError, EngramError, EngramTimeoutError, NotReadyError
 from ..core.protocol import FAILED, READY
 
@@ -79,7 +80,7 @@ def wait_ready(connection: DaemonConnection, timeout: float, generation: int | N
 
 def _timeout_message(connection: DaemonConnection, timeout: float, generation: int | None,
                      status: dict[str, Any] | None) -> str:
-    detail = "no answer" if status is None else f"state {status.get('state')}, loaded " \
+    detail = (absent_reason(connection.endpoint) or "no answer") if status is None else f"state {status.get('state')}, loaded " \
         f"{status['load']['done_bytes']}/{status['load']['total_bytes']} bytes"
     what = "a ready table" if generation is None else f"generation {generation} served"
     return f"waited {timeout:.1f} s for engramd at {connection.endpoint} to have {what} ({detail})"
