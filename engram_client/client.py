@@ -108,7 +108,7 @@ class EngramClient:
                 raise
             if len(reply.get("replicas") or ()) > 1:
                 log.info("engram_client: maps the replica of NUMA node %s (%s); this rank's node is %s",
-                         replica["node"], replica["path"], state.numa_node)
+                         replica["node"], replica["path"], "unknown" if state.numa_node is None else state.numa_node)
             state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
             if self.device.type == "cpu" or self.lookup_config.path != "uva":
                 self._take_seat(reply.get("budget") if self._use_budget else None, timeout)
@@ -205,7 +205,11 @@ class EngramClient:
                 state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id, old.lease_secret)
             old.release()
-            log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
+            if new.generation == old.generation:  # a restarted daemon numbers its first generation 1 again
+                log.info("moved to the restarted daemon's generation %d (%s), from its predecessor's (%s)",
+                         new.generation, new.path, old.path)
+            else:
+                log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
             return True
 
     @property
