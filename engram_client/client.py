@@ -25,16 +25,14 @@ import torch
 
 from .client_state import ClientState, same_file
 from .attach.connection import DaemonConnection
-from .attach.daemon_probe import MISSING, absent_reason
-from .attach.fork_guard import single_thread_torch_after_fork
-from .core.errors import CudaRegistrationError, DaemonUnavailableError, NotAttachedError, UnknownLayerError
+from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
 from .lookup.host.hot_cache import cache_for_view
 from .lookup.uva.hot_rows import HotRowCache
 from .lookup.config import LookupConfig, default_gather_threads, default_max_programs
 from .attach.lease_keeper import LeaseKeeper, heartbeat_interval
-from .attach.mapped_generation import MappedGeneration
-from .attach.readiness import wait_ready
+from .attach.mapped_generation import MappedGeneration, describe_move
+from .attach.readiness import refuse_missing_socket, wait_ready
 from .lookup.layer_table import LayerTable
 from .lookup.table import EngramTable
 from .token_rows import hasher_for, prefetch_tokens
@@ -57,7 +55,6 @@ class EngramClient:
                 raise CudaRegistrationError(f"device {device} requested but CUDA is not available")
             self.device = torch.device("cuda", self.device.index if self.device.index is not None
                                        else torch.cuda.current_device())
-        single_thread_torch_after_fork()  # before any lookup of this process can wait on the parent's threads
         self.endpoint = endpoint
         self.auto_refresh = auto_refresh
         self._signalling = None  # how the host path signals on this device (host_signal.py), where it runs
@@ -88,9 +85,7 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
-        if absent_reason(state.connection.endpoint, probe=False) == MISSING:  # as the command line says it, at once
-            raise DaemonUnavailableError(f"no engramd at {state.connection.endpoint}: {MISSING} (start engramd "
-                                         "first, or point ENGRAMD_SOCKET or endpoint= at its socket)")
+        refuse_missing_socket(state.connection.endpoint)  # as the command line says it, at once
         wait_ready(state.connection, timeout)
         from .lookup.host.gather_seat import rank_node
         state.numa_node = rank_node(self.device)  # picks the table replica it maps (protocol 1.4)
@@ -205,11 +200,7 @@ class EngramClient:
                 state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id, old.lease_secret)
             old.release()
-            if new.generation == old.generation:  # a restarted daemon numbers its first generation 1 again
-                log.info("moved to the restarted daemon's generation %d (%s), from its predecessor's (%s)",
-                         new.generation, new.path, old.path)
-            else:
-                log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
+            log.info("moved %s", describe_move(old, new))
             return True
 
     @property
@@ -297,9 +288,7 @@ class EngramClient:
 
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         """The daemon's status (the same object ``engramd status --json`` prints)."""
-        if self._state.mapped is None:  # closed: its connection must not open again behind the caller's back
-            raise NotAttachedError("client is closed")
-        return self._state.connection.request("status", timeout=timeout)
+        return self._state.status(timeout)
 
     def close(self) -> None:
         self._finalizer()

@@ -50,3 +50,4 @@ def absent_reason(endpoint: str, probe: bool = True) -> str | None:
     finally:
         probe.close()
     return None
+

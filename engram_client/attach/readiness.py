@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 
 from .connection import DaemonConnection
-from .daemon_probe import absent_reason
+from .daemon_probe import MISSING, absent_reason
 from ..core.errors import DaemonUnavailableError, EngramError, EngramTimeoutError, NotReadyError
 from ..core.protocol import FAILED, READY
 
@@ -30,6 +30,14 @@ def _failure(status: dict[str, Any], generation: int | None) -> str | None:
         if candidate and candidate["generation"] == generation and candidate["state"] == FAILED:
             return candidate.get("error") or "unknown error"
     return None
+
+
+def refuse_missing_socket(endpoint: str) -> None:
+    """DaemonUnavailableError at once if no socket file is at ``endpoint``'s path: a rank's client says it
+    as the command line does, instead of waiting its whole timeout for a daemon nobody started."""
+    if absent_reason(endpoint, probe=False) == MISSING:
+        raise DaemonUnavailableError(f"no engramd at {endpoint}: {MISSING} (start engramd first, or point "
+                                     "ENGRAMD_SOCKET or endpoint= at its socket)")
 
 
 OnPoll = Callable[[dict[str, Any] | None, DaemonUnavailableError | None], None]
