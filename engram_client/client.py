@@ -31,8 +31,8 @@ from .lookup.host.hot_cache import cache_for_view
 from .lookup.uva.hot_rows import HotRowCache
 from .lookup.config import LookupConfig, default_gather_threads, default_max_programs
 from .attach.lease_keeper import LeaseKeeper, heartbeat_interval
-from .attach.mapped_generation import MappedGeneration
-from .attach.readiness import wait_ready
+from .attach.mapped_generation import MappedGeneration, describe_move
+from .attach.readiness import refuse_missing_socket, wait_ready
 from .lookup.layer_table import LayerTable
 from .lookup.table import EngramTable
 from .token_rows import hasher_for, prefetch_tokens
@@ -85,7 +85,8 @@ class EngramClient:
 
     def _attach(self, timeout, rank, heartbeat) -> None:
         state = self._state
-        wait_ready(state.connection, timeout, min_request_timeout=0.1)
+        refuse_missing_socket(state.connection.endpoint)  # as the command line says it, at once
+        wait_ready(state.connection, timeout)
         from .lookup.host.gather_seat import rank_node
         state.numa_node = rank_node(self.device)  # picks the table replica it maps (protocol 1.4)
         state.attach_args = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
@@ -102,7 +103,7 @@ class EngramClient:
                 raise
             if len(reply.get("replicas") or ()) > 1:
                 log.info("engram_client: maps the replica of NUMA node %s (%s); this rank's node is %s",
-                         replica["node"], replica["path"], state.numa_node)
+                         replica["node"], replica["path"], "unknown" if state.numa_node is None else state.numa_node)
             state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
             if self.device.type == "cpu" or self.lookup_config.path != "uva":
                 self._take_seat(reply.get("budget") if self._use_budget else None, timeout)
@@ -199,7 +200,7 @@ class EngramClient:
                 state.hasher = new_hasher
             self._state.detach_quietly(old.lease_id, old.lease_secret)
             old.release()
-            log.info("moved from generation %d to %d (%s)", old.generation, new.generation, new.path)
+            log.info("moved %s", describe_move(old, new))
             return True
 
     @property
@@ -287,7 +288,7 @@ class EngramClient:
 
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         """The daemon's status (the same object ``engramd status --json`` prints)."""
-        return self._state.connection.request("status", timeout=timeout)
+        return self._state.status(timeout)
 
     def close(self) -> None:
         self._finalizer()

@@ -14,9 +14,9 @@ import threading
 from typing import Any
 
 from .attach.connection import DaemonConnection
-from .core.errors import EngramError, ProtocolError, UnknownClientError
+from .core.errors import EngramError, NotAttachedError, ProtocolError, UnknownClientError
 from .core.numa_nodes import pick_replica
-from .attach.fork_guard import release_in_forked_child
+from .attach.fork_guard import release_in_forked_child, single_thread_torch_after_fork
 from .hashing.hasher import UnavailableHasher
 from .attach.mapped_generation import MappedGeneration
 from .lookup.layer_table import LayerTable
@@ -29,6 +29,7 @@ class ClientState:
     """Everything a client holds, apart from the client object, so a finalizer can release it."""
 
     def __init__(self, connection: DaemonConnection):
+        single_thread_torch_after_fork()  # before any lookup of this process can wait on the parent's threads
         self.connection = connection
         self.mapped: MappedGeneration | None = None
         self.tables: dict[int, LayerTable] = {}  # what client.table() hands out wraps these
@@ -156,6 +157,12 @@ class ClientState:
         mapped = self.mapped
         return {"client_id": mapped.lease_id, "secret": mapped.lease_secret} if mapped is not None else \
             {"client_id": None}
+
+    def status(self, timeout: float) -> dict[str, Any]:
+        """The daemon's status; a closed client's connection must not open again behind the caller's back."""
+        if self.mapped is None:
+            raise NotAttachedError("client is closed")
+        return self.connection.request("status", timeout=timeout)
 
     def detach_quietly(self, lease_id: str, secret: str) -> None:
         """Release a lease; if the daemon is gone or already dropped it, it expires by itself."""

@@ -35,6 +35,7 @@ from ..core.errors import (REPLY_ERRORS, DaemonUnavailableError, NotAttachedErro
 from .socket_trust import check_reply_sender, check_socket_trust
 
 FILE_POLL_S = 0.02  # while a request waits for a socket file to appear (a daemon starting)
+REPLY_CHECK_S = 0.1  # while a request waits for its reply: how often the socket file is looked at
 
 
 class DaemonConnection:
@@ -42,7 +43,8 @@ class DaemonConnection:
         self.endpoint = endpoint or endpoints.default_endpoint()
         self.curve_keys_dir = curve_keys_dir
         if self.endpoint.startswith("tcp://") and curve_keys_dir is None:
-            raise ProtocolError(f"{self.endpoint}: engramd serves TCP only with CURVE; give the keys directory")
+            raise ProtocolError(f"{self.endpoint}: engramd serves TCP only with CURVE; give the keys directory "
+                                "(curve_keys_dir=, or engramd status --curve-keys-dir DIR)")
         self._path = endpoints.ipc_path(self.endpoint)
         self._check_socket_access()
         self._owner_pid = os.getpid()
@@ -117,7 +119,10 @@ class DaemonConnection:
         except OSError:
             return False
         known = self._socket_file
-        return known is not None and (info.st_dev, info.st_ino) == (known.st_dev, known.st_ino)
+        # The change time too: ext4 hands a new file the inode number of one just unlinked, so a daemon
+        # restarted after SIGKILL binds a socket file with the same (st_dev, st_ino) as the dead one's.
+        return known is not None and (info.st_dev, info.st_ino, info.st_ctime_ns) == \
+            (known.st_dev, known.st_ino, known.st_ctime_ns)
 
     def _reset(self) -> None:
         if self._socket is not None:
@@ -147,8 +152,7 @@ class DaemonConnection:
             request_id = next(self._ids)
             sock = self._send(protocol.pack(protocol.request(op, request_id, args)), op, timeout, deadline)
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1, zmq.POLLIN):
+                if not self._await_reply(sock, op, deadline):
                     self._reset()
                     raise DaemonUnavailableError(f"engramd at {self.endpoint} did not answer {op!r} within "
                                                  f"{timeout:.1f} s (is it running? `engramd status --socket ...`)")
@@ -173,6 +177,22 @@ class DaemonConnection:
         cls = REPLY_ERRORS.get(error.get("name"), RequestError)
         raise cls(f"engramd refused {op!r}: {error.get('message', 'no message')}",
                   code=error.get("code"), name=error.get("name"))
+
+    def _await_reply(self, sock: zmq.Socket, op: str, deadline: float) -> bool:
+        """Whether a reply is there to read before ``deadline``.  On ipc the socket file is looked
+        at every REPLY_CHECK_S: a daemon killed with SIGKILL never answers what it was asked, and
+        once another file is at the path (a daemon restarted) or none is, waiting on is pointless."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            slice_s = remaining if self._path is None else min(REPLY_CHECK_S, remaining)
+            if sock.poll(int(slice_s * 1000) + 1, zmq.POLLIN):
+                return True
+            if self._path is not None and not self._same_socket_file():
+                self._reset()
+                raise DaemonUnavailableError(f"the socket file at {self._path} was replaced or removed while "
+                                             f"waiting for engramd's answer to {op!r}: the daemon asked is gone")
 
     @property
     def daemon_uid(self) -> int | None:

@@ -110,3 +110,11 @@ class MappedGeneration:
         if self.mapping is not None:
             self.mapping.close()
             self.mapping = None
+
+
+def describe_move(old: MappedGeneration, new: MappedGeneration) -> str:
+    """What a refresh moved between, for the log: a restarted daemon numbers its first generation 1
+    again, and "from generation 1 to 1" would read as no move at all."""
+    if new.generation == old.generation:
+        return f"to the restarted daemon's generation {new.generation} ({new.path}), from its predecessor's ({old.path})"
+    return f"from generation {old.generation} to {new.generation} ({new.path})"

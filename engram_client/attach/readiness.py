@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable
 
 from .connection import DaemonConnection
+from .daemon_probe import MISSING, absent_reason
 from ..core.errors import DaemonUnavailableError, EngramError, EngramTimeoutError, NotReadyError
 from ..core.protocol import FAILED, READY
 
@@ -31,11 +32,19 @@ def _failure(status: dict[str, Any], generation: int | None) -> str | None:
     return None
 
 
+def refuse_missing_socket(endpoint: str) -> None:
+    """DaemonUnavailableError at once if no socket file is at ``endpoint``'s path: a rank's client says it
+    as the command line does, instead of waiting its whole timeout for a daemon nobody started."""
+    if absent_reason(endpoint, probe=False) == MISSING:
+        raise DaemonUnavailableError(f"no engramd at {endpoint}: {MISSING} (start engramd first, or point "
+                                     "ENGRAMD_SOCKET or endpoint= at its socket)")
+
+
 OnPoll = Callable[[dict[str, Any] | None, DaemonUnavailableError | None], None]
 
 
 def wait_ready(connection: DaemonConnection, timeout: float, generation: int | None = None,
-               daemon: subprocess.Popen | None = None, min_request_timeout: float = 0.5,
+               daemon: subprocess.Popen | None = None, request_timeout: float = 2.0,
                on_poll: OnPoll | None = None) -> dict[str, Any]:
     """Poll status until the table (or ``generation``, after a reload) is served; return that status.
 
@@ -43,16 +52,23 @@ def wait_ready(connection: DaemonConnection, timeout: float, generation: int | N
     runs out (both with ``.status``, the last reply or None if none came, and ``.unavailable``,
     the last DaemonUnavailableError or None), and
     DaemonUnavailableError if ``daemon``, the process serving it, exits first.  At least one
-    status request is made, even with ``timeout`` 0.  ``on_poll(status, unavailable)`` sees
-    each unfinished poll before the pause that follows it (``engramd status --wait`` shows it)."""
+    status request is made, even with ``timeout`` 0 (then bounded by ``request_timeout`` alone);
+    otherwise ``timeout`` is a deadline: each request waits up to ``request_timeout`` for its
+    answer, and none past the deadline.  ``on_poll(status, unavailable)`` sees each unfinished
+    poll before the pause that follows it (``engramd status --wait`` shows it)."""
     deadline = time.monotonic() + timeout
     status = unavailable = None
+    first = True
     while True:
         if daemon is not None and daemon.poll() is not None:
             raise DaemonUnavailableError(f"engramd exited with code {daemon.returncode} before its table was ready")
         remaining = deadline - time.monotonic()
+        if remaining <= 0 and not first:
+            raise _with_status(EngramTimeoutError(_timeout_message(connection, timeout, generation, status)),
+                               status, unavailable)
         try:
-            status = connection.request("status", timeout=max(min_request_timeout, min(2.0, remaining)))
+            status = connection.request("status", timeout=request_timeout if first and remaining <= 0
+                                        else min(request_timeout, remaining))
             unavailable = None
         except DaemonUnavailableError as exc:
             unavailable = exc
@@ -64,9 +80,7 @@ def wait_ready(connection: DaemonConnection, timeout: float, generation: int | N
                 what = "its table" if generation is None else f"generation {generation}"
                 raise _with_status(NotReadyError(f"engramd at {connection.endpoint} failed to load {what}: "
                                                    f"{error}"), status, unavailable)
-        if time.monotonic() >= deadline:
-            raise _with_status(EngramTimeoutError(_timeout_message(connection, timeout, generation, status)),
-                               status, unavailable)
+        first = False
         if on_poll is not None:
             on_poll(status, unavailable)
         time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
@@ -74,7 +88,7 @@ def wait_ready(connection: DaemonConnection, timeout: float, generation: int | N
 
 def _timeout_message(connection: DaemonConnection, timeout: float, generation: int | None,
                      status: dict[str, Any] | None) -> str:
-    detail = "no answer" if status is None else f"state {status.get('state')}, loaded " \
+    detail = (absent_reason(connection.endpoint) or "no answer") if status is None else f"state {status.get('state')}, loaded " \
         f"{status['load']['done_bytes']}/{status['load']['total_bytes']} bytes"
     what = "a ready table" if generation is None else f"generation {generation} served"
     return f"waited {timeout:.1f} s for engramd at {connection.endpoint} to have {what} ({detail})"

@@ -27,7 +27,8 @@ import os
 import pwd
 import stat
 
-from ..core.errors import SocketRefusedError, TableFileError
+from ..core.endpoints import file_kind
+from ..core.errors import DaemonUnavailableError, SocketRefusedError, TableFileError
 from ..core.variables import DAEMON_USER as DAEMON_USER_ENV
 
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -96,11 +97,21 @@ def check_socket_trust(socket_path: str) -> os.stat_result | None:
         sock_info = os.lstat(socket_path)
     except OSError:
         return None
-    if not stat.S_ISSOCK(sock_info.st_mode) or not (_trusted(sock_info) or root_trusts):
-        kind = "socket" if stat.S_ISSOCK(sock_info.st_mode) else "non-socket file"
-        raise SocketRefusedError(f"refusing to talk to engramd through {socket_path}: it is a {kind} of "
-                                     f"{_owner(sock_info)}, {_whom(sock_info)}")
+    if stat.S_ISLNK(sock_info.st_mode):
+        raise SocketRefusedError(f"refusing to talk to engramd through {socket_path}: it is a symbolic link, which "
+                                 "could lead to any user's socket; give the path of the daemon's socket itself")
+    if not stat.S_ISSOCK(sock_info.st_mode):  # nobody answers through it, whoever owns it
+        raise DaemonUnavailableError(f"no engramd at ipc://{socket_path}: {not_a_socket(socket_path, sock_info)}")
+    if not (_trusted(sock_info) or root_trusts):
+        raise SocketRefusedError(f"refusing to talk to engramd through {socket_path}: it is a socket of "
+                                 f"{_owner(sock_info)}, {_whom(sock_info)}")
     return sock_info
+
+
+def not_a_socket(path: str, info: os.stat_result) -> str:
+    """What to say of something other than a socket at the socket path: engramd serve says the same."""
+    return (f"{path} is {file_kind(info)}, not a socket, so no engramd can answer there (engramd serve will not "
+            "bind over it either): remove it, or give the daemon's socket")
 
 
 def check_reply_sender(socket_path: str, peer_address: str | None, socket_file: os.stat_result | None,

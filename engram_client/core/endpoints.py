@@ -6,6 +6,7 @@ so the two sides agree without configuration.  No sockets are opened here.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from .errors import ProtocolError
@@ -37,3 +38,14 @@ def pub_endpoint_for(endpoint: str) -> str:
         if port.isdigit():
             return f"tcp://{host}:{int(port) + 1}"
     raise ProtocolError(f"cannot derive an events endpoint from {endpoint!r}; pass one explicitly")
+
+
+def file_kind(info: os.stat_result) -> str:
+    """What an lstat says stands at a path, in words ("a regular file"), for messages about
+    something that should have been a socket."""
+    for test, name in ((stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(info.st_mode):
+            return name
+    return "not a socket"

@@ -53,6 +53,7 @@ def main() -> None:
               help="Wait up to this long for the new generation to be served.")
 def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
     """Load generation g+1 beside g; g keeps serving until g+1 is complete."""
+    reach.local_only(endpoint, "reload")
     connection = reach.connect(endpoint)
     try:
         started = reach.ask(connection, "reload",

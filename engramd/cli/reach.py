@@ -17,9 +17,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import click
+
 from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import DaemonUnavailableError
-from engram_client.core.endpoints import ipc_path
+from engram_client.core.endpoints import default_endpoint, ipc_path
 from engram_client.attach.daemon_probe import absent_reason
 
 ANSWER_TIMEOUT_S = 10.0  # how long `status` and `stop` wait for an answer by default (README, probes)
@@ -32,6 +34,15 @@ class DaemonAbsentError(DaemonUnavailableError):
         super().__init__(f"no engramd at {endpoint}: {reason}")
         self.endpoint = endpoint
         self.reason = reason
+
+
+def local_only(endpoint: str | None, command: str) -> None:
+    """A usage error for ``command`` (stop, reload) given a tcp:// endpoint: over TCP the daemon
+    answers status only (--remote-status), so no keys directory would make it work."""
+    endpoint = endpoint or default_endpoint()
+    if endpoint.startswith("tcp://"):
+        raise click.UsageError(f"{endpoint}: over TCP engramd serves status only (--remote-status); {command} goes "
+                               "through the daemon's ipc:// socket, on its node (--socket ipc:///path)")
 
 
 def connect(endpoint: str | None, curve_keys_dir: str | None = None) -> DaemonConnection:

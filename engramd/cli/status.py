@@ -7,7 +7,7 @@ daemon answers, 4 if this user may not (or must not) talk through the socket.
 can parse every outcome.  Each request waits up to ``--timeout`` for its answer
 (REQUEST_TIMEOUT_S, what the README and the probes count on).  ``--wait`` polls until
 ready (or failed, which never turns ready by itself) and, on a terminal, shows what it
-is waiting for.
+is waiting for; it is a deadline, which no request outlives.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def poll_status(endpoint: str, curve_keys_dir: str | None, wait_s: float, displa
         display.show(_waiting_text(reply, problem, time.monotonic() - started))
 
     try:
-        return wait_ready(connection, wait_s, on_poll=show, min_request_timeout=request_timeout)
+        return wait_ready(connection, wait_s, on_poll=show, request_timeout=request_timeout)
     except NotReadyError as exc:  # the load failed: its status says so
         if getattr(exc, "status", None) is None:
             raise
@@ -108,8 +108,9 @@ def poll_status(endpoint: str, curve_keys_dir: str | None, wait_s: float, displa
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON (always one object).")
 @click.option("--curve-keys-dir", default=None, type=click.Path(file_okay=False),
               help="For a tcp:// socket: use DIR/client.key_secret and trust DIR/server.key.")
-@click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
-              help="Wait up to this long for the table to be ready (progress shown on a terminal).")
+@click.option("--wait", "wait_s", default=0.0, type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Wait up to this long for the table to be ready (progress shown on a terminal); "
+                   "no request outlives it.")
 @click.option("--timeout", "request_timeout", default=REQUEST_TIMEOUT_S, show_default=True, type=float,
               metavar="SECONDS", help="Wait up to this long for each answer of the daemon.")
 def status(endpoint: str | None, as_json: bool, curve_keys_dir: str | None, wait_s: float,

@@ -26,6 +26,7 @@ def stop(endpoint: str | None, timeout: float) -> None:
     """Ask the daemon to stop; returns once its process is gone (at once if there is none)."""
     if not timeout >= 0:
         fail(f"--timeout must be 0 or more, got {timeout}")
+    reach.local_only(endpoint, "stop")
     try:
         connection = reach.connect(endpoint)
     except reach.DaemonAbsentError as exc:

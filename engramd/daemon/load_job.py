@@ -117,6 +117,7 @@ class LoadJob:
         """A list that does not fit: the first load of --checkpoint fails, any other goes on without it."""
         generation = self.generation
         if not generation.by_reload and generation.checkpoint == self.config.checkpoint:
+            generation.hot_rows_error = f"the hot-row list failed the load: {exc}"  # status names it as the cause
             raise exc
         generation.hot_rows, generation.hot_rows_error = None, f"served without the hot-row list: {exc}"
         log.warning("generation %d is %s", generation.number, generation.hot_rows_error)

@@ -27,6 +27,7 @@ import socket
 import stat
 from typing import Callable
 
+from engram_client.core.endpoints import file_kind
 from engram_client.core.errors import ConfigError
 
 from .lock_owner import lock_holders_of
@@ -203,15 +204,6 @@ def remove_if_empty(path: str) -> None:
         pass
 
 
-def _kind(info: os.stat_result) -> str:
-    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(info.st_mode):
-            return name
-    return "not a socket"
-
-
 def check_bind_path(path: str, what: str) -> None:
     """Raise unless binding ``path`` would replace nothing but a stale socket of ours.
 
@@ -227,7 +219,7 @@ def check_bind_path(path: str, what: str) -> None:
     except OSError as exc:
         raise UnsafePathError(f"{what} {path}: {exc.strerror}") from exc
     if not stat.S_ISSOCK(info.st_mode):
-        raise UnsafePathError(f"{what} {path} is {_kind(info)}, not a socket; binding there would replace it, so "
+        raise UnsafePathError(f"{what} {path} is {file_kind(info)}, not a socket; binding there would replace it, so "
                               "engramd leaves it alone. Remove it yourself or choose another path")
     if info.st_uid != os.geteuid():
         raise UnsafePathError(f"{what} {path} is a socket of {describe_owner(info.st_uid)}, not of engramd's user "

@@ -31,8 +31,9 @@ def _clock(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
+def _plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and the word that agrees with it ("1 token", "2 tokens"; ``many`` where "s" is wrong)."""
+    return f"{n:,} " + (word if n == 1 else many or word + "s")
 
 
 def _load_line(load: dict[str, int]) -> str:
@@ -54,7 +55,8 @@ def _generation_line(entry: dict[str, Any], served: int) -> str:
         line += "  (kept until they refresh or the retire grace period ends)"
     line += f"  (hot rows {entry['hot_rows']})" if entry.get("hot_rows") else ""
     line += f"  ({entry['hot_rows_error']})" if entry.get("hot_rows_error") else ""
-    return line + (f"  ({entry['error']})" if entry.get("error") else "")
+    repeated = entry.get("error") and entry["error"] in (entry.get("hot_rows_error") or "")  # the list's failure
+    return line + (f"  ({entry['error']})" if entry.get("error") and not repeated else "")
 
 
 def _client_lines(client: dict[str, Any], served: int) -> list[str]:
@@ -73,19 +75,24 @@ def _client_replica(client: dict[str, Any]) -> str:
     replica, node = client.get("replica"), client.get("numa_node")
     if not replica:
         return ""
-    return (f"maps the replica of NUMA node {replica.get('node')}: {replica.get('path')}"
-            f" (its own node: {'unknown' if node is None else node})")
+    own = f"its own node: {'unknown' if node is None else node}"
+    if replica.get("node") is None:
+        return f"maps the table, which is bound to no NUMA node: {replica.get('path')} ({own})"
+    return f"maps the replica of NUMA node {replica.get('node')}: {replica.get('path')} ({own})"
 
 
 def _client_cache(cache: dict[str, Any] | None) -> str:
     """A client's HBM row cache, as its heartbeats report it (totals over its layers)."""
     if not cache:
         return ""
-    looked = cache.get("hits", 0) + cache.get("misses", 0)
-    rate = f"{cache.get('hits', 0) / looked:.1%} hits" if looked else "no lookups yet"
-    return (f"row cache: {rate} ({cache.get('hits', 0):,} hits, {cache.get('misses', 0):,} misses), "
-            f"{cache.get('fetched', 0):,} rows fetched from host memory; {human_bytes(cache.get('bytes', 0))} of "
-            f"HBM holding {cache.get('fixed_rows', 0):,} listed and {cache.get('recent_rows', 0):,} recent rows")
+    hits, misses, fetched = cache.get("hits", 0), cache.get("misses", 0), cache.get("fetched", 0)
+    if hits + misses:
+        looked = (f"{hits / (hits + misses):.1%} hits ({_plural(hits, 'hit')}, {_plural(misses, 'miss', 'misses')}), "
+                  f"{_plural(fetched, 'row')} fetched from host memory")
+    else:  # rows read before any lookup filled the cache (the hot-row list's): not lookups
+        looked = "no lookups yet" + (f"; {_plural(fetched, 'row')} read from host memory to fill it" if fetched else "")
+    return (f"row cache: {looked}; {human_bytes(cache.get('bytes', 0))} of HBM holding "
+            f"{cache.get('fixed_rows', 0):,} listed and {_plural(cache.get('recent_rows', 0), 'recent row')}")
 
 
 def _client_budget(budget: dict[str, Any] | None) -> str:
@@ -96,10 +103,11 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
         return (f"gather budget: no seat (its slots locked, or its memory not to be had: the client's log says "
                 f"which); {_plural(budget.get('threads', 0), 'thread')} of its own beside it on CPUs "
                 f"{budget.get('cpus')} (group {budget.get('group')}, {_plural(budget.get('tokens', 0), 'token')})")
-    return (f"gather budget: slot {budget.get('slot')}, {budget.get('threads')} threads on CPUs "
-            f"{budget.get('cpus')} (group {budget.get('group')}, {budget.get('tokens')} tokens), holds "
-            f"{budget.get('held', 0)}; {budget.get('rows', 0):,} rows gathered, {budget.get('wait_s', 0.0):.3f} s "
-            f"waited for tokens, {budget.get('yields', 0)} yields, {budget.get('overdraft', 0)} overdrafts"
+    return (f"gather budget: slot {budget.get('slot')}, {_plural(budget.get('threads', 0), 'thread')} on CPUs "
+            f"{budget.get('cpus')} (group {budget.get('group')}, {_plural(budget.get('tokens', 0), 'token')}), holds "
+            f"{budget.get('held', 0)}; {_plural(budget.get('rows', 0), 'row')} gathered, "
+            f"{budget.get('wait_s', 0.0):.3f} s waited for tokens, {_plural(budget.get('yields', 0), 'yield')}, "
+            f"{_plural(budget.get('overdraft', 0), 'overdraft')}"
             + (f", {budget['stand_ins']} stand-ins for prefill threads off their CPU" if budget.get("stand_ins") else "")
             + (f"; {budget['prefill_threads']} prefill threads at SCHED_IDLE" if budget.get("prefill_threads") else ""))
 
@@ -131,21 +139,22 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
         return ["gather      no node budget (--gather-cpus off, or a daemon before 1.3): each rank sizes its pool"]
     prefill = {"idle": "; prefill-size calls gathered at SCHED_IDLE (--prefill-gathers idle)",
                "normal": "; prefill-size calls gathered at normal priority"}.get(budget.get("prefill_gathers"), "")
-    lines = [f"gather      node budget of {budget['tokens']} tokens, handed out on {budget['socket']}{prefill}"]
+    lines = [f"gather      node budget of {_plural(budget['tokens'], 'token')}, handed out on {budget['socket']}{prefill}"]
     for group in budget["groups"]:
-        lines.append(f"  group {group['group']} (NUMA node {group['node']}): {group['tokens']} tokens on CPUs "
-                     f"{group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering at "
-                     f"once, {group['grants']:,} grants, {group['dead_slots_swept']} dead ranks' slots swept")
+        swept = _plural(group['dead_slots_swept'], "dead rank's slot", "dead ranks' slots")
+        lines.append(f"  group {group['group']} (NUMA node {group['node']}): {_plural(group['tokens'], 'token')} on "
+                     f"CPUs {group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering "
+                     f"at once, {_plural(group['grants'], 'grant')}, {swept} swept")
     return lines
 
 
 def _hot_rows_line(hot: dict[str, Any] | None, error: str | None) -> str:
     if not hot:
         return "hot rows    " + (error or "no list served (no --hot-rows): ranks' caches have no fixed part")
-    layers = ", ".join(f"layer {layer}: {count:,} rows" for layer, count in hot["layers"].items())
+    layers = ", ".join(f"layer {layer}: {_plural(count, 'row')}" for layer, count in hot["layers"].items())
     built = hot.get("built_from") or {}
     return (f"hot rows    {hot['path']} (from {hot.get('source')}, {human_bytes(hot['bytes'])}): {layers}; built "
-            f"from {built.get('tokens', 0):,} tokens of {built.get('files_total', 0)} file(s) at "
+            f"from {_plural(built.get('tokens', 0), 'token')} of {_plural(built.get('files_total', 0), 'file')} at "
             f"{built.get('built_at', '?')}")
 
 
@@ -164,7 +173,8 @@ def render_status(status: dict[str, Any]) -> list[str]:
     """The status object as lines of text, every field included."""
     served = status["generation"]
     lines = [f"state       {status['state']}" + (f"  ({status['error']})" if status.get("error") else "")]
-    origin = "re-adopted from the previous daemon's file" if status.get("adopted") else "loaded by this daemon"
+    origin = {FAILED: "its load failed", LOADING: "loading"}.get(status["state"]) or \
+        ("re-adopted from the previous daemon's file" if status.get("adopted") else "loaded by this daemon")
     lines.append(f"generation  {served} ({origin})")
     lines.append(f"daemon      pid {status.get('pid')}, engramd {status.get('version', '?')}, boot {status['boot_id']}, "
                  f"started {_clock(status.get('started_at'))}")
@@ -175,7 +185,7 @@ def render_status(status: dict[str, Any]) -> list[str]:
                  f"{status.get('table_path') or 'no complete file yet'}  (shm dir {status.get('shm_dir')})")
     for layer in status["layers"]:
         lines.append(f"  layer {layer['layer']:>3}: {layer['rows']} rows x {layer['head_dim']}, "
-                     f"{len(layer['head_sizes'])} heads")
+                     f"{_plural(len(layer['head_sizes']), 'head')}")
     hashing = status.get("hashing")
     if hashing:  # only a table with a token map has one
         lines.append(f"hashing     {hashing['vocab']} token ids -> {hashing['compressed_vocab']} compressed, "
@@ -191,7 +201,7 @@ def render_status(status: dict[str, Any]) -> list[str]:
     else:
         lines.append("reload      none in progress")
     generations = status.get("generations") or []
-    lines.append(f"generations {len(generations)} with a file or a load")
+    lines.append(f"generations {len(generations)} with a file or a load")  # a count heading a list: no plural
     lines.extend(_generation_line(entry, served) for entry in generations)
     numa = status.get("numa_node")
     lines.append(f"numa node   {numa if numa is not None else 'not bound (pages on any node)'}")

@@ -9,6 +9,8 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from engramd.cli.main import main
+from waiting import free_port
 
 EXIT_UNREACHABLE = 3
 
@@ -136,3 +139,44 @@ def test_silence_on_tcp_is_explained_without_talk_of_socket_files(tmp_path):
     report = json.loads(result.stdout)
     assert report["state"] == "unreachable" and "did not answer 'status'" in report["error"]
     assert "--remote-status" in report["error"] and "socket file" not in report["error"]
+
+
+def engramd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The command line as a process, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "engramd", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+@pytest.mark.parametrize("command", [("stop",), ("reload",)])
+def test_stop_and_reload_on_tcp_say_tcp_serves_status_only(command):
+    # Before, both advised a keys directory, which neither command takes.
+    for args, env in (((*command, "--socket", f"tcp://127.0.0.1:{free_port()}"), None),
+                      (command, {**os.environ, "ENGRAMD_SOCKET": f"tcp://127.0.0.1:{free_port()}"})):
+        result = engramd(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1 and "over TCP engramd serves status only (--remote-status)" in lines[0], result.stderr
+        assert "keys directory" not in result.stderr and "--socket ipc://" in lines[0]
+
+
+@pytest.fixture
+def regular_file(socket_dir):
+    """A regular file of this user (root here) at the socket path."""
+    path = os.path.join(socket_dir, "engramd.sock")
+    with open(path, "w") as f:
+        f.write("not a socket\n")
+    return f"ipc://{path}"
+
+
+@pytest.mark.parametrize("args", [("status",), ("status", "--wait", "1"), ("stop",), ("reload",)])
+def test_a_regular_file_at_the_socket_path_is_called_not_a_socket(regular_file, args):
+    # Before: "it is a non-socket file of uid 0 ... neither root, this user, nor a group of this
+    # user", of root's own file, exit 4.  serve says what is wrong: it is not a socket.
+    result = engramd(*args, "--socket", regular_file)
+    assert result.returncode == EXIT_UNREACHABLE, result.stderr
+    path = regular_file[len("ipc://"):]
+    assert result.stderr.splitlines() == [f"error: no engramd at {regular_file}: {path} is a regular file, not a "
+                                          "socket, so no engramd can answer there (engramd serve will not bind over "
+                                          "it either): remove it, or give the daemon's socket"]
+    with open(path) as f:
+        assert f.read() == "not a socket\n"

@@ -72,7 +72,7 @@ def test_the_lease_is_kept_while_attaching_takes_longer_than_the_lease(daemon_fa
     assert daemon.status()["clients"] == []
 
 
-def test_client_reattaches_to_a_restarted_daemon(daemon_factory):
+def test_client_reattaches_to_a_restarted_daemon(daemon_factory, caplog):
     first = daemon_factory("--lease-seconds", "1.5")
     old_status = first.wait_state("ready")
     client = EngramClient(endpoint=first.endpoint, device="cpu", timeout=30)
@@ -101,6 +101,14 @@ def test_client_reattaches_to_a_restarted_daemon(daemon_factory):
         assert mapped and all(line.endswith("(deleted)") for line in mapped), mapped
         check_rows(client, layer=1)
         check_rows(client, layer=14)
+        # Both daemons call their table generation 1: the move says it went to the restarted one's,
+        # not "from generation 1 to 1".
+        with caplog.at_level(logging.INFO, logger="engram_client"):
+            assert client.refresh()
+        moved = [r.getMessage() for r in caplog.records if "moved" in r.getMessage()]
+        assert moved == [f"moved to the restarted daemon's generation 1 ({client.table_path}), from its "
+                         f"predecessor's ({table_path})"], moved
+        check_rows(client, layer=1)
     finally:
         client.close()
     assert second.status()["clients"] == []

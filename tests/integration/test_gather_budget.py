@@ -54,7 +54,7 @@ def test_status_shows_each_clients_budget_counters(budget_daemon, ranks):
     assert all(c["budget"]["cpus"] == "0" and c["budget"]["tokens"] == 1 for c in clients)
     text = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
                           capture_output=True, text=True, timeout=30).stdout
-    assert "node budget of 1 tokens" in text and "rows gathered" in text and "waited for tokens" in text, text
+    assert "node budget of 1 token," in text and "rows gathered" in text and "waited for tokens" in text, text
     group.stop()
     group.results()
 

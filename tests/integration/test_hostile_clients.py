@@ -37,6 +37,20 @@ def test_a_handle_outliving_its_client_raises_instead_of_crashing(demo_daemon):
         assert result.stdout.startswith(expected), (how, result.stdout)
 
 
+# The parent's bounded wait for its forked child (pid): a child that hangs is killed and reported.
+WAIT_CHILD = """
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        print("CHILD HUNG", flush=True)
+        sys.exit(1)
+"""
+
 FORK = textwrap.dedent("""
     import os, sys, time, torch
     from engram_client import EngramClient, EngramError, NotAttachedError
@@ -59,16 +73,7 @@ FORK = textwrap.dedent("""
         print("child", looked, talked, flush=True)
         client.close()
         sys.exit(0)  # a normal interpreter exit: finalizers and atexit run
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
-        print("CHILD HUNG", flush=True)
-        sys.exit(1)
+""" + WAIT_CHILD + """
     print("parent", os.waitstatus_to_exitcode(status), client.status()["state"], client.attached,
           torch.equal(client.table(1).lookup(ids), expected), flush=True)
     client.close()
@@ -83,3 +88,34 @@ def test_a_forked_child_exits_promptly_and_leaves_the_parent_working(demo_daemon
     assert "child REFUSED REFUSED" in lines, result.stdout
     assert "parent 0 ready True True" in lines, result.stdout
     assert demo_daemon.status()["clients"] == []
+
+
+# docs/integration.md's pattern for a forked child: a client of its own.  The parent's lookup is
+# large enough that torch runs it on its CPU thread pool (two threads, so a pool exists), which
+# the child does not inherit; before, the child's first large lookup waited for it forever.
+FORK_NEW_CLIENT = textwrap.dedent("""
+    import os, sys, time, torch
+    from engram_client import EngramClient
+    torch.set_num_threads(2)
+    client = EngramClient(endpoint=sys.argv[1], device="cpu", timeout=30)
+    ids = torch.arange(5000)
+    expected = client.table(1).lookup(ids)
+    pid = os.fork()
+    if pid == 0:
+        with EngramClient(endpoint=sys.argv[1], device="cpu", timeout=30) as own:
+            print("child", torch.equal(own.table(1).lookup(ids), expected), torch.get_num_threads(), flush=True)
+        os._exit(0)
+""" + WAIT_CHILD + """
+    print("parent", os.waitstatus_to_exitcode(status), torch.equal(client.table(1).lookup(ids), expected),
+          torch.get_num_threads(), flush=True)
+    client.close()
+""")
+
+
+def test_a_forked_child_with_its_own_client_looks_up_as_the_parent_does(demo_daemon):
+    result = subprocess.run([sys.executable, "-c", FORK_NEW_CLIENT, demo_daemon.endpoint], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["child True 1", "parent 0 True 2"], result.stdout
+    assert "torch's CPU thread pool (OpenMP) does not survive a fork" in result.stderr
+    assert "multiprocessing.get_context('spawn')" in result.stderr

@@ -74,6 +74,17 @@ def test_a_foreign_list_fails_the_first_load_naming_the_file(daemon_factory, mod
     assert f"({root / 'a'})" in status["error"] and "build one for this checkpoint" in status["error"]
     assert daemon.table_files() == [] and hot_files(daemon) == []  # refused before a row was copied
     assert status["hot_rows"] is None
+    # Status names the list as what failed, not "no list served (no --hot-rows)" with a null error.
+    failed_on = f"the hot-row list failed the load: {hot_path}: the hot-row list was built for"
+    assert status["hot_rows_error"].startswith(failed_on)
+    assert status["generations"][0]["hot_rows_error"].startswith(failed_on)
+    result = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert "no --hot-rows" not in result.stdout and "loaded by this daemon" not in result.stdout
+    assert "generation  1 (its load failed)" in lines
+    assert any(line.startswith(f"hot rows    {failed_on}") for line in lines), result.stdout
 
 
 def test_a_reload_onto_another_checkpoint_is_served_without_the_list(daemon_factory, models):

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from waiting import end_process
+
 PROCESS_TIMEOUT_S = 60
 EXIT_UNREACHABLE = 3
 
@@ -65,3 +67,43 @@ def test_a_bad_timeout_is_one_error_line():
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if line.startswith("error: ")] == \
         ["error: --timeout must be positive, got 0.0"]
+
+
+# --wait W is a deadline: each request waits up to --timeout, but none past W.  On the old code the
+# first request took the whole --timeout (30 s here) whatever W said.
+@pytest.mark.parametrize("where", ["missing", "stopped"])
+def test_status_wait_is_a_deadline_no_request_outlives(request, socket_dir, where):
+    endpoint = (f"ipc://{socket_dir}/nobody.sock" if where == "missing"
+                else request.getfixturevalue("stopped_daemon").endpoint)
+    result = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", endpoint, "--wait", "1",
+                             "--timeout", "30"], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    assert result.returncode == EXIT_UNREACHABLE, result.stderr
+    waited = float(re.search(r"(?:waited|within) ([0-9.]+) s", result.stderr).group(1))
+    assert 1.0 <= waited < 30.0, result.stderr
+
+
+def test_a_negative_wait_is_a_usage_error():
+    result = subprocess.run([sys.executable, "-m", "engramd", "status", "--wait", "-5"], capture_output=True,
+                            text=True, timeout=PROCESS_TIMEOUT_S)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Invalid value for '--wait': -5.0 is not in the range x>=0" in lines[0], result.stderr
+
+
+def test_status_wait_sees_a_daemon_restarted_after_kill_9_once_it_is_ready(daemon_factory):
+    first = daemon_factory("--lease-seconds", "1.5")
+    first.wait_state("ready")
+    first.kill(signal.SIGKILL)  # leaves its socket file: the status below asks a socket nothing listens on
+    probe = subprocess.Popen([sys.executable, "-m", "engramd", "status", "--socket", first.endpoint, "--wait", "120",
+                              "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)  # the probe's first request is waiting on the stale socket
+        second = daemon_factory("--lease-seconds", "1.5")  # the same socket and shm dir: it re-adopts the table
+        second.wait_state("ready")
+        # The old request waited its whole --timeout (60 s) on the dead daemon; now the replaced
+        # socket file ends it and the next poll asks the new daemon.
+        out, err = probe.communicate(timeout=20)
+    finally:
+        end_process(probe)
+    assert probe.returncode == 0, err
+    assert out.startswith("state       ready") and "re-adopted" in out

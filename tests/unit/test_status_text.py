@@ -68,14 +68,14 @@ def test_the_text_states_each_value():
     text = "\n".join(render_status(status))
     for needle in ("ready", "generation  2 (re-adopted", "boot-4f1c", "9.8.7", "pid 4242", "/models/r2",
                    "fp-77aa", "/dev/shm/engramd-x-g2.table", "5.0 MiB", "/dev/shm/here", "model-1.safetensors",
-                   "model-2.safetensors", "layer   3: 307 rows x 256, 1 heads", "generation 3 from /models/r3: failed",
+                   "model-2.safetensors", "layer   3: 307 rows x 256, 1 head", "generation 3 from /models/r3: failed",
                    "bad shard", "numa node   1", "clients     70 ", "the oldest 2 listed", "400 token ids -> 311 compressed", "7.5 s", "ipc:///run/engramd.sock.events", "node7", "cuda:0",
                    "node budget of 14 tokens", "/run/engramd.sock.budget", "group 0 (NUMA node 1): 14 tokens on CPUs 0-13",
-                   "5 held now", "at most 14 gathering at once", "9,876 grants", "1 dead ranks' slots swept",
+                   "5 held now", "at most 14 gathering at once", "9,876 grants", "1 dead rank's slot swept",
                    "slot 3, 14 threads on CPUs 0-13", "1,234,567 rows gathered", "0.250 s waited for tokens",
                    "80% of the table (4.0 MiB of 5.0 MiB) on huge pages of 2.0 MiB",
                    "hot rows    /dev/shm/engramd-x-g2.hot (from /etc/engramd/code.hot, 3.0 MiB): layer 3: 6,140 rows; "
-                   "built from 1,234,000 tokens of 7 file(s) at 2026-12-01T10:00:00+00:00",
+                   "built from 1,234,000 tokens of 7 files at 2026-12-01T10:00:00+00:00",
                    "row cache: 75.0% hits (3,000 hits, 1,000 misses), 990 rows fetched from host memory; 1.00 GiB of "
                    "HBM holding 5,000 listed and 7,000 recent rows",
                    "replicas    2 (one table copy per NUMA node", "node 0: /dev/shm/engramd-x-g2.table, 5.0 MiB, 80% on "
@@ -109,3 +109,34 @@ def test_a_table_without_a_token_map_prints_no_hashing_line(capsys: pytest.Captu
     out = capsys.readouterr().out
     assert "layer   1: 1000 rows x 32, 2 heads" in out
     assert "hashing" not in out
+
+
+def lines_of(status: dict, start: str) -> list[str]:
+    return [line.strip() for line in render_status(status) if line.strip().startswith(start)]
+
+
+def test_a_status_line_never_contradicts_another_nor_prints_none():
+    # Each of these was seen in a normal run (docs/RELIABILITY.md, "Operating it").
+    status = full_status()
+    status["clients"][0]["cache"] = {"hits": 0, "misses": 0, "fetched": 180224, "bytes": 2**30, "fixed_rows": 180224,
+                                     "recent_rows": 1}
+    status["clients"][1]["replica"] = {"node": None, "path": "/dev/shm/engramd-x-g2.table"}
+    status["clients"][1]["numa_node"] = None
+    status["gather_budget"]["tokens"] = status["gather_budget"]["groups"][0]["tokens"] = 1
+    text = "\n".join(render_status(status))
+    assert "None" not in text, text
+    # "no lookups yet (0 hits, 0 misses), 180,224 rows fetched": rows read before any lookup filled the cache
+    assert lines_of(status, "row cache") == ["row cache: no lookups yet; 180,224 rows read from host memory to fill "
+                                             "it; 1.00 GiB of HBM holding 180,224 listed and 1 recent row"]
+    assert lines_of(status, "maps the") == ["maps the table, which is bound to no NUMA node: "
+                                            "/dev/shm/engramd-x-g2.table (its own node: unknown)"]
+    assert lines_of(status, "gather      ")[0].startswith("gather      node budget of 1 token, handed out")
+    assert "group 0 (NUMA node 1): 1 token on CPUs 0-13" in text
+
+
+def test_a_failed_load_is_not_said_to_be_loaded():
+    status = full_status()
+    status.update(state="failed", error="bad shard", adopted=False, table_path=None)
+    assert lines_of(status, "generation  ") == ["generation  2 (its load failed)"]
+    status.update(state="loading", error=None)
+    assert lines_of(status, "generation  ") == ["generation  2 (loading)"]
