@@ -2,6 +2,7 @@
 
     --gather-cpus LIST | N% | off      (default: every CPU the daemon may use, less one per GPU)
     --prefill-gathers normal | idle    (idle: ranks gather prefill-size calls at SCHED_IDLE)
+    --decode-cpus auto | N             (CPUs of each group kept from prefill gathers: decode_cpus.py)
 
 The budget's CPUs are split into groups, one per NUMA node; a group's tokens are its CPUs.
 The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from engram_client.core import budget_file
 from engram_client.core.errors import ConfigError
 from engram_client.core.numa_nodes import format_cpu_list, parse_cpu_list  # noqa: F401 (tests import them here)
+
+from .decode_cpus import decode_counts, decode_cpus
 
 log = logging.getLogger("engramd.gather_budget")
 ACCEPT_POLL_S = 0.2
@@ -159,10 +162,12 @@ class GatherBudget:
     """The budget memory and its socket; created by the server once the request socket is bound."""
 
     def __init__(self, groups: list[BudgetGroup], socket_path: str, gid: int | None, budget_id: str,
-                 prefill_gathers: str = "normal"):
+                 prefill_gathers: str = "normal", decode: str = "auto"):
         self.groups, self.socket_path, self.id = groups, socket_path, budget_id
         self.prefill_gathers = prefill_gathers
-        self.fd = budget_file.create([len(g.cpus) for g in groups], flags=budget_file.PREFILL_GATHERS[prefill_gathers])
+        self.decode = decode_counts([len(g.cpus) for g in groups], decode, prefill_gathers)
+        self.fd = budget_file.create([len(g.cpus) for g in groups], flags=budget_file.PREFILL_GATHERS[prefill_gathers],
+                                     decode=self.decode)
         self.view = budget_file.BudgetView(self.fd)
         self._closed = threading.Event()
         self.listener = None
@@ -218,7 +223,8 @@ class GatherBudget:
 
     def summary(self) -> str:
         groups = "; ".join(f"NUMA node {g.node}: {len(g.cpus)} tokens on CPUs {format_cpu_list(list(g.cpus))}"
-                           for g in self.groups)
+                           + (f", decode CPUs {format_cpu_list(decode_cpus(g.cpus, d))}" if d else "")
+                           for g, d in zip(self.groups, self.decode))
         return groups + ("; prefill-size calls gathered at SCHED_IDLE" if self.prefill_gathers == "idle" else "")
 
     def describe(self) -> dict:
@@ -235,7 +241,8 @@ class GatherBudget:
             seen = self.view.group(i)
             groups.append({"group": i, "node": g.node, "cpus": format_cpu_list(list(g.cpus)), "tokens": len(g.cpus),
                            "locked": seen["locked"], "peak_gathering": seen["peak"], "grants": seen["grants"],
-                           "dead_slots_swept": seen["sweeps"]})
+                           "dead_slots_swept": seen["sweeps"], "decode_tokens": self.decode[i],
+                           "decode_cpus": format_cpu_list(decode_cpus(g.cpus, self.decode[i]))})
         return {"id": self.id, "socket": self.socket_path, "groups": groups,
                 "tokens": sum(len(g.cpus) for g in self.groups), "prefill_gathers": self.prefill_gathers}
 
@@ -265,4 +272,4 @@ def serve_budget(config, boot_id: str) -> "GatherBudget | None":
         log.info("no gather budget (%s): each rank sizes its own pool",
                  "--gather-cpus off" if not groups else "not an ipc endpoint")
         return None
-    return GatherBudget(groups, path + ".budget", config.gid, boot_id, config.prefill_gathers)
+    return GatherBudget(groups, path + ".budget", config.gid, boot_id, config.prefill_gathers, config.decode_cpus)

@@ -131,7 +131,9 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
     for group in budget["groups"]:
         lines.append(f"  group {group['group']} (NUMA node {group['node']}): {group['tokens']} tokens on CPUs "
                      f"{group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering at "
-                     f"once, {group['grants']:,} grants, {group['dead_slots_swept']} dead ranks' slots swept")
+                     f"once, {group['grants']:,} grants, {group['dead_slots_swept']} dead ranks' slots swept"
+                     + (f"; decode CPUs {group['decode_cpus']} (no prefill gather of normal priority there, "
+                        f"{group['decode_tokens']} tokens kept for decode-size calls)" if group.get("decode_tokens") else ""))
     return lines
 
 

@@ -128,6 +128,8 @@ class GatherSeat:
         """Say what the daemon's --prefill-gathers rule means for this pool (again after a move to
         another daemon's budget)."""
         self.prefill_words = ""
+        if self.budget is not None and not self.budget.prefill_idle and self.budget.decode_tokens:
+            self.prefill_words = self._decode_cpu_words()
         if self.budget is not None and self.budget.prefill_idle:
             threads, error = self.pool.prefill_crew
             if threads:
@@ -140,6 +142,23 @@ class GatherSeat:
                          "prefill gathers at normal priority, and decode-size lookups beside it wait for CPUs")
                 log.warning("engram_client: %s", words)
                 self.prefill_words = "; " + words
+
+
+    def _decode_cpu_words(self) -> str:
+        """What the daemon's decode CPUs (--decode-cpus) mean for this pool."""
+        decode = self.budget.decode_tokens
+        threads, error = self.pool.prefill_crew
+        spares, cpus = self.pool.prefill_spares
+        if threads:
+            return (f"; {_n(decode, 'token')} of the group are kept for decode-size calls, and its prefill-size calls are "
+                    f"gathered by {_n(threads, 'thread')} kept off the decode CPUs {format_cpus(cpus)}, with "
+                    f"{_n(spares, 'spare')} at SCHED_IDLE there")
+        if error:
+            log.warning("engram_client: this process may not start the prefill crew's spares at SCHED_IDLE (%s): its "
+                        "prefill gathers also run on the decode CPUs", os.strerror(error))
+        return (f"; {_n(decode, 'token')} of the group are kept for decode-size calls, but this pool's prefill-size calls "
+                "run on every CPU it is pinned to (" + (os.strerror(error) if error else
+                                                        "its workers are not pinned, or pinned to too few CPUs") + ")")
 
 
 def _open_budget(spec: dict, group: dict, timeout: float):
