@@ -108,3 +108,61 @@ def test_without_decode_tokens_or_pinning_there_is_no_split():
             assert pool.prefill_crew == (0, 0) and pool.prefill_spares == (0, [])
         finally:
             pool.close()
+
+
+def open_budget(tokens: int, decode: int = 0, flags: int = 0):
+    fd = budget_file.create([tokens], decode=[decode], flags=flags)
+    try:
+        return _host_gather.NodeBudget(fd, 0, tokens, budget_file.MAX_SLOTS)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to split")
+def test_a_pool_moved_to_a_daemon_with_another_prefill_rule_changes_its_crew():
+    before = {name: gather_threads(name) for name in ("engram-prefill", "engram-spare")}
+
+    def crew() -> tuple[set, set]:
+        return tuple(policy_and_cpus(gather_threads(name) - tids) for name, tids in before.items())
+    pool = _host_gather.GatherPool(2, budget=open_budget(2, decode=1), cpus=[0, 1])
+    try:
+        assert crew() == ({(os.SCHED_OTHER, frozenset({0}))}, {(os.SCHED_IDLE, frozenset({1}))})
+        assert pool.set_budget(open_budget(2, flags=budget_file.FLAG_PREFILL_IDLE))  # --prefill-gathers idle
+        assert pool.prefill_spares == (0, []) and crew() == ({(os.SCHED_IDLE, frozenset({0, 1}))}, set())
+        assert pool.set_budget(open_budget(2))  # no rule: the crew stays, unused
+        assert crew() == ({(os.SCHED_IDLE, frozenset({0, 1}))}, set())
+        assert pool.set_budget(open_budget(2, decode=1))  # decode CPUs again
+        assert pool.prefill_crew == (2, 0) and pool.prefill_spares == (1, [1])
+        assert crew() == ({(os.SCHED_OTHER, frozenset({0}))}, {(os.SCHED_IDLE, frozenset({1}))})
+        table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+        ids = np.random.default_rng(4).integers(0, ROWS, PREFILL).astype(np.int64)
+        out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
+        assert bad == 0
+        np.testing.assert_array_equal(out, table[ids])
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or not TWO_CPUS, reason="an x86-64 seccomp filter; two CPUs")
+def test_a_process_refused_sched_idle_for_its_spares_says_so_and_gathers_its_prefill_everywhere():
+    """The sandbox of test_prefill_crew.py (a real seccomp filter refusing sched_setscheduler), on a
+    budget with a decode CPU instead of the idle rule: the spares cannot start, so neither does the
+    crew, and the prefill runs, exact, on the workers."""
+    import errno
+    import subprocess
+    import sys
+
+    from test_prefill_crew import REFUSED
+
+    script = REFUSED.replace("budget_file.create([2], flags=budget_file.FLAG_PREFILL_IDLE)",
+                             "budget_file.create([2], decode=[1])")
+    script = script.replace('GatherSeat(2, "gathers on the node\'s budget", budget)',
+                            'GatherSeat(2, "gathers on the node\'s budget", budget, cpus=[0, 1])')
+    assert script.count("decode=[1]") == 1 and script.count("cpus=[0, 1]") == 1  # the sandbox script as we expect it
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    crew, explanation = run.stdout.splitlines()[:2]
+    assert crew == f"(0, {errno.EPERM}) 0 True", run.stdout
+    assert "1 token of the group kept for decode-size calls (--decode-cpus), but this pool's prefill-size calls run on " \
+        "every CPU" in explanation and "(Operation not permitted)" in explanation, explanation
+    assert "may not start the prefill crew's spares at SCHED_IDLE" in run.stderr

@@ -67,20 +67,28 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
     return found;
 }
 
-/* Start the crew if the pool's budget asks for one and it has none: as many threads as the pool was
- * asked for (a prefill job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers
- * idle), or at normal priority off the decode CPUs plus one spare per decode CPU.  0, or an errno:
- * nothing started (pool->crew_error keeps it, for the client to say why its prefill gathers at
- * normal priority beside decode calls). */
+/* Start the crew the pool's budget asks for: as many threads as the pool was asked for (a prefill
+ * job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers idle), or at normal
+ * priority off the decode CPUs plus one spare per decode CPU.  A crew of another kind (the pool
+ * moved to a new daemon's budget with another rule) is joined first; one that the new budget does
+ * not use stays, idle.  0, or an errno: nothing started (pool->crew_error keeps it, for the client
+ * to say why its prefill gathers at normal priority beside decode calls). */
 static int crew_start(Pool *pool) {
     NodeBudget *b = atomic_load(&pool->budget);
-    if (!b || pool->crew_started || atomic_load(&pool->ncrew) ||
-        atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
+    if (!b || atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
         return 0;
     int idle = (b->flags & NB_FLAG_PREFILL_IDLE) != 0;
-    cpu_set_t crew_pin;
-    int spares = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &pool->decode_pin);
+    cpu_set_t crew_pin = pool->pin, decode_pin;
+    CPU_ZERO(&decode_pin);
+    int spares = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &decode_pin);
     if (!idle && !spares) return 0;
+    if (pool->crew_started) {
+        if (pool->crew_idle == idle && pool->crew_spares == spares && CPU_EQUAL(&decode_pin, &pool->decode_pin))
+            return 0;  /* the crew this budget asks for runs already */
+        atomic_store(&pool->crew_quit, 1);
+        crew_join(pool);
+    }
+    pool->decode_pin = decode_pin, pool->crew_spares = 0, pool->crew_idle = idle;
     int n = pool->threads_asked, err = 0;
     if (!pool->crew && !(pool->crew = calloc((size_t)n + CREW_MAX_SPARES, sizeof(pthread_t))))
         return pool->crew_error = ENOMEM;

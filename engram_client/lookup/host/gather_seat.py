@@ -150,14 +150,14 @@ class GatherSeat:
         threads, error = self.pool.prefill_crew
         spares, cpus = self.pool.prefill_spares
         if threads:
-            return (f"; {_n(decode, 'token')} of the group are kept for decode-size calls, and its prefill-size calls are "
-                    f"gathered by {_n(threads, 'thread')} kept off the decode CPUs {format_cpus(cpus)}, with "
+            return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus): its prefill-size "
+                    f"calls are gathered by {_n(threads, 'thread')} kept off the decode CPUs {format_cpus(cpus)}, with "
                     f"{_n(spares, 'spare')} at SCHED_IDLE there")
         if error:
             log.warning("engram_client: this process may not start the prefill crew's spares at SCHED_IDLE (%s): its "
                         "prefill gathers also run on the decode CPUs", os.strerror(error))
-        return (f"; {_n(decode, 'token')} of the group are kept for decode-size calls, but this pool's prefill-size calls "
-                "run on every CPU it is pinned to (" + (os.strerror(error) if error else
+        return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus), but this pool's "
+                "prefill-size calls run on every CPU it is pinned to (" + (os.strerror(error) if error else
                                                         "its workers are not pinned, or pinned to too few CPUs") + ")")
 
 
