@@ -36,6 +36,8 @@ FILE_BYTES = GROUPS_AT + MAX_GROUPS * GROUP_BYTES
 SMALL_ROWS = 16384  # a call of at most this many rows is decode-size: it goes first
 FLAG_PREFILL_IDLE = 1  # the header's flags: ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
 PREFILL_GATHERS = {"normal": 0, "idle": FLAG_PREFILL_IDLE}  # engramd --prefill-gathers: the flags each sets
+FLAG_NO_SPARES = 2  # ... and no spares of the prefill crews on the decode CPUs (engramd --decode-spares off)
+DECODE_SPARES = {"idle": 0, "off": FLAG_NO_SPARES}  # engramd --decode-spares: the flags each sets
 _HEADER = struct.Struct(f"<QIIIIII{MAX_GROUPS}I{MAX_GROUPS}I")
 _GROUP_COUNTERS = struct.Struct("<QQQQQQQQQii")  # lock .. sweeps, gathering, peak (NbGroup's first fields)
 # NbSlot: seq, sleepers, want, want_small, held, group, pid, crew_held, last_grant, rows .. small_wait_blocks_max,

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from engram_client.core.budget_file import PREFILL_GATHERS
+from engram_client.core.budget_file import DECODE_SPARES, PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 
 from ..daemon.config import ServeConfig
@@ -119,6 +119,9 @@ SETTINGS = [
             "prefill-size gather of normal priority runs, and as many tokens kept for decode-size lookups: a number, "
             "or auto (one per 8 tokens, rounded up, in groups of 4 or more; 0 with --prefill-gathers idle).",
             metavar="auto|N", field="decode_cpus"),
+    Setting("decode_spares", click.Choice(sorted(DECODE_SPARES)), DEFAULTS["decode_spares"],
+            "Threads at SCHED_IDLE on the decode CPUs that gather prefill-size calls while those CPUs are otherwise "
+            "free (idle); off leaves the decode CPUs to decode-size calls alone.", field="decode_spares"),
     Setting("hot_rows", click.Path(dir_okay=False), None, "A hot-row list (engramd hot-rows build) for the ranks' HBM "
             "row cache; it must fit the table, else the first load fails (a reload serves without it).",
             metavar="FILE", field="hot_rows"),

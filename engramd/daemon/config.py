@@ -5,7 +5,7 @@ import grp
 import os
 from dataclasses import dataclass, field
 
-from engram_client.core.budget_file import PREFILL_GATHERS
+from engram_client.core.budget_file import DECODE_SPARES, PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.core.endpoints import default_endpoint, pub_endpoint_for
 from engram_client.core.errors import ConfigError
@@ -35,6 +35,7 @@ class ServeConfig:
     gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
     prefill_gathers: str = "normal"  # "idle": ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
     decode_cpus: str = "auto"  # CPUs per budget group kept from prefill gathers (daemon/decode_cpus.py)
+    decode_spares: str = "idle"  # "off": no prefill crew spares at SCHED_IDLE on the decode CPUs
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
     replica_nodes: list[int] = field(default_factory=list, init=False)  # from ``numa_replicas``; [] without
@@ -70,6 +71,8 @@ class ServeConfig:
                               "--gather-cpus off has none")
         from .decode_cpus import AUTO, check_spec as check_decode_spec
         check_decode_spec(self.decode_cpus)
+        if self.decode_spares not in DECODE_SPARES:
+            raise ConfigError(f"--decode-spares must be one of {', '.join(DECODE_SPARES)}, got {self.decode_spares!r}")
         if self.decode_cpus not in (AUTO, "0") and self.prefill_gathers == "idle":
             raise ConfigError(f"--decode-cpus {self.decode_cpus} with --prefill-gathers idle: the idle crew already "
                               "leaves every CPU to decode calls; give one of them")

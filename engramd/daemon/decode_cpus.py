@@ -15,7 +15,10 @@ SCHED_IDLE gather there; one decode CPU is enough to start a decode call at once
 workers follow on the CPUs the prefill holders give back.  A group under 4 tokens keeps none: one
 of 2 or 3 CPUs is too large a share to take from prefill by default (give N to try).  With
 --prefill-gathers idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is
-refused.  Owns no state: the daemon's budget (gather_budget.py) writes what this plans.
+refused.  --decode-spares off (a flag of the budget's header) starts no spares: the decode CPUs
+then run decode-size gathers alone, and a prefill never waits for a block a spare took while a
+thread of normal priority had its CPU.  Owns no state: the daemon's budget (gather_budget.py)
+writes what this plans.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
     --gather-cpus LIST | N% | off      (default: every CPU the daemon may use, less one per GPU)
     --prefill-gathers normal | idle    (idle: ranks gather prefill-size calls at SCHED_IDLE)
     --decode-cpus auto | N             (CPUs of each group kept from prefill gathers: decode_cpus.py)
+    --decode-spares idle | off         (off: no prefill crew spares at SCHED_IDLE on those CPUs)
 
 The budget's CPUs are split into groups, one per NUMA node; a group's tokens are its CPUs.
 The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
@@ -162,12 +163,12 @@ class GatherBudget:
     """The budget memory and its socket; created by the server once the request socket is bound."""
 
     def __init__(self, groups: list[BudgetGroup], socket_path: str, gid: int | None, budget_id: str,
-                 prefill_gathers: str = "normal", decode: str = "auto"):
+                 prefill_gathers: str = "normal", decode: str = "auto", decode_spares: str = "idle"):
         self.groups, self.socket_path, self.id = groups, socket_path, budget_id
-        self.prefill_gathers = prefill_gathers
+        self.prefill_gathers, self.decode_spares = prefill_gathers, decode_spares
         self.decode = decode_counts([len(g.cpus) for g in groups], decode, prefill_gathers)
-        self.fd = budget_file.create([len(g.cpus) for g in groups], flags=budget_file.PREFILL_GATHERS[prefill_gathers],
-                                     decode=self.decode)
+        flags = budget_file.PREFILL_GATHERS[prefill_gathers] | budget_file.DECODE_SPARES[decode_spares]
+        self.fd = budget_file.create([len(g.cpus) for g in groups], flags=flags, decode=self.decode)
         self.view = budget_file.BudgetView(self.fd)
         self._closed = threading.Event()
         self.listener = None
@@ -225,7 +226,8 @@ class GatherBudget:
         groups = "; ".join(f"NUMA node {g.node}: {len(g.cpus)} tokens on CPUs {format_cpu_list(list(g.cpus))}"
                            + (f", decode CPUs {format_cpu_list(decode_cpus(g.cpus, d))}" if d else "")
                            for g, d in zip(self.groups, self.decode))
-        return groups + ("; prefill-size calls gathered at SCHED_IDLE" if self.prefill_gathers == "idle" else "")
+        return groups + ("; prefill-size calls gathered at SCHED_IDLE" if self.prefill_gathers == "idle" else "") + \
+            ("; no spares on the decode CPUs" if any(self.decode) and self.decode_spares == "off" else "")
 
     def describe(self) -> dict:
         """What an attach reply says about the budget (docs/protocol.md, 1.3)."""
@@ -244,7 +246,8 @@ class GatherBudget:
                            "dead_slots_swept": seen["sweeps"], "decode_tokens": self.decode[i],
                            "decode_cpus": format_cpu_list(decode_cpus(g.cpus, self.decode[i]))})
         return {"id": self.id, "socket": self.socket_path, "groups": groups,
-                "tokens": sum(len(g.cpus) for g in self.groups), "prefill_gathers": self.prefill_gathers}
+                "tokens": sum(len(g.cpus) for g in self.groups), "prefill_gathers": self.prefill_gathers,
+                "decode_spares": self.decode_spares}
 
     def close(self) -> None:
         self._closed.set()
@@ -272,4 +275,5 @@ def serve_budget(config, boot_id: str) -> "GatherBudget | None":
         log.info("no gather budget (%s): each rank sizes its own pool",
                  "--gather-cpus off" if not groups else "not an ipc endpoint")
         return None
-    return GatherBudget(groups, path + ".budget", config.gid, boot_id, config.prefill_gathers, config.decode_cpus)
+    return GatherBudget(groups, path + ".budget", config.gid, boot_id, config.prefill_gathers, config.decode_cpus,
+                        config.decode_spares)

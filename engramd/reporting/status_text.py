@@ -132,9 +132,16 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
         lines.append(f"  group {group['group']} (NUMA node {group['node']}): {group['tokens']} tokens on CPUs "
                      f"{group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering at "
                      f"once, {group['grants']:,} grants, {group['dead_slots_swept']} dead ranks' slots swept"
-                     + (f"; decode CPUs {group['decode_cpus']} (no prefill gather of normal priority there, "
-                        f"{group['decode_tokens']} tokens kept for decode-size calls)" if group.get("decode_tokens") else ""))
+                     + _decode_cpus_words(group, budget.get("decode_spares")))
     return lines
+
+
+def _decode_cpus_words(group: dict[str, Any], spares: str | None) -> str:
+    if not group.get("decode_tokens"):
+        return ""
+    return (f"; decode CPUs {group['decode_cpus']} (no prefill gather of normal priority there, "
+            f"{group['decode_tokens']} tokens kept for decode-size calls, "
+            + ("no spares)" if spares == "off" else "prefill spares at SCHED_IDLE)"))
 
 
 def _hot_rows_line(hot: dict[str, Any] | None, error: str | None) -> str:

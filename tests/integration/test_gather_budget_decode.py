@@ -41,6 +41,7 @@ def test_decode_cpus_keep_every_ranks_prefill_off_them_and_off_the_last_token(bu
     text = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
                           capture_output=True, text=True, timeout=30).stdout
     assert "decode CPUs 1 (no prefill gather of normal priority there" in text, text
+    assert "prefill spares at SCHED_IDLE)" in text, text
     group = ranks(daemon.endpoint, [(65536, 0, 0), (65536, 0, 0)])
     for ready in group.ready:
         assert "gathered by 2 threads kept off the decode CPUs 1, with 1 spare at SCHED_IDLE" in ready["words"], ready
@@ -107,3 +108,19 @@ def test_decode_cpus_are_checked_before_anything_starts(socket_dir, shm_dir):
                                f"ipc://{socket_dir}/d.sock", "--shm-dir", str(shm_dir), *args],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and words in done.stderr, (args, done.stderr[-800:])
+
+
+def test_decode_spares_off_keeps_the_decode_cpus_to_decode_calls_alone(budget_daemon, ranks):
+    daemon = budget_daemon("0-1", "--decode-cpus", "1", "--decode-spares", "off")
+    assert daemon.status()["gather_budget"]["decode_spares"] == "off"
+    text = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
+                          capture_output=True, text=True, timeout=30).stdout
+    assert "decode CPUs 1 (no prefill gather of normal priority there, 1 tokens kept for decode-size calls, no " \
+        "spares)" in text, text
+    group = ranks(daemon.endpoint, [(65536, 4, 0)])
+    (ready,) = group.ready
+    assert "kept off the decode CPUs 1, with no spares there (--decode-spares off)" in ready["words"], ready
+    assert crew_threads(ready["pid"]) == {"engram-prefill": {(os.SCHED_OTHER, frozenset({0}))}, "engram-spare": set()}
+    group.go()
+    group.results()  # every row exact on the crew alone
+    assert watcher(daemon).group_state()["peak"] == 1

@@ -56,12 +56,27 @@ def test_the_header_carries_the_decode_tokens_and_a_rank_reads_them():
         budget_file.create([2], decode=[2])  # at least one token stays for prefill
 
 
+@pytest.fixture(scope="module")
+def table() -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+
+
+def ids_of(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, ROWS, rows).astype(np.int64)
+
+
+def gathers_exactly(pool, table: np.ndarray, ids: np.ndarray) -> None:
+    out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
+    assert bad == 0
+    np.testing.assert_array_equal(out, table[ids])
+
+
 def policy_and_cpus(tids: set[int]) -> set[tuple[int, frozenset]]:
     return {(os.sched_getscheduler(tid), frozenset(os.sched_getaffinity(tid))) for tid in tids}
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to split")
-def test_prefill_runs_off_the_decode_cpu_and_takes_no_token_that_would_leave_none_for_decode():
+def test_prefill_runs_off_the_decode_cpu_and_takes_no_token_that_would_leave_none_for_decode(table):
     before = {name: gather_threads(name) for name in ("engram-gather", "engram-prefill", "engram-spare")}
     fd = budget_file.create([2], decode=[1])
     try:
@@ -75,21 +90,13 @@ def test_prefill_runs_off_the_decode_cpu_and_takes_no_token_that_would_leave_non
         assert policy_and_cpus(new["engram-prefill"]) == {(os.SCHED_OTHER, frozenset({0}))}
         assert policy_and_cpus(new["engram-spare"]) == {(os.SCHED_IDLE, frozenset({1}))}
         assert policy_and_cpus(new["engram-gather"]) == {(os.SCHED_OTHER, frozenset({0, 1}))}  # decode: every CPU
-        table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
-        rng = np.random.default_rng(1)
-        for _ in range(3):
-            ids = rng.integers(0, ROWS, 4 * PREFILL).astype(np.int64)
-            out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
-            assert bad == 0
-            np.testing.assert_array_equal(out, table[ids])
+        for seed in range(3):
+            gathers_exactly(pool, table, ids_of(4 * PREFILL, seed))
         # Two crew threads, two tokens, one kept for decode: never more than one gathered on a token.
         assert budget.group_state()["peak"] == 1, budget.group_state()
         prefill = [entry for entry in budget.grant_log() if not entry[3]]  # (seq, slot, token, small, how, held, ..)
         assert prefill and all(entry[5] <= 1 for entry in prefill), prefill
-        ids = rng.integers(0, ROWS, DECODE).astype(np.int32)
-        out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
-        assert bad == 0
-        np.testing.assert_array_equal(out, table[ids])
+        gathers_exactly(pool, table, ids_of(DECODE, 3))
         assert any(entry[3] for entry in budget.grant_log())  # the decode-size job got its token
     finally:
         pool.close()
@@ -119,7 +126,7 @@ def open_budget(tokens: int, decode: int = 0, flags: int = 0):
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to split")
-def test_a_pool_moved_to_a_daemon_with_another_prefill_rule_changes_its_crew():
+def test_a_pool_moved_to_a_daemon_with_another_prefill_rule_changes_its_crew(table):
     before = {name: gather_threads(name) for name in ("engram-prefill", "engram-spare")}
 
     def crew() -> tuple[set, set]:
@@ -134,11 +141,7 @@ def test_a_pool_moved_to_a_daemon_with_another_prefill_rule_changes_its_crew():
         assert pool.set_budget(open_budget(2, decode=1))  # decode CPUs again
         assert pool.prefill_crew == (2, 0) and pool.prefill_spares == (1, [1])
         assert crew() == ({(os.SCHED_OTHER, frozenset({0}))}, {(os.SCHED_IDLE, frozenset({1}))})
-        table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
-        ids = np.random.default_rng(4).integers(0, ROWS, PREFILL).astype(np.int64)
-        out, bad, _ = gather(pool, table, ids, row_hi=ROWS)
-        assert bad == 0
-        np.testing.assert_array_equal(out, table[ids])
+        gathers_exactly(pool, table, ids_of(PREFILL, 4))
     finally:
         pool.close()
 
@@ -166,3 +169,17 @@ def test_a_process_refused_sched_idle_for_its_spares_says_so_and_gathers_its_pre
     assert "1 token of the group kept for decode-size calls (--decode-cpus), but this pool's prefill-size calls run on " \
         "every CPU" in explanation and "(Operation not permitted)" in explanation, explanation
     assert "may not start the prefill crew's spares at SCHED_IDLE" in run.stderr
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to split")
+def test_a_budget_without_spares_keeps_the_crew_off_the_decode_cpu_and_starts_none(table):
+    before = {name: gather_threads(name) for name in ("engram-prefill", "engram-spare")}
+    pool = _host_gather.GatherPool(2, budget=open_budget(2, decode=1, flags=budget_file.FLAG_NO_SPARES), cpus=[0, 1])
+    try:
+        assert pool.prefill_crew == (2, 0) and pool.prefill_spares == (0, [1])
+        assert policy_and_cpus(gather_threads("engram-prefill") - before["engram-prefill"]) == \
+            {(os.SCHED_OTHER, frozenset({0}))}
+        assert not gather_threads("engram-spare") - before["engram-spare"]
+        gathers_exactly(pool, table, ids_of(PREFILL, 5))
+    finally:
+        pool.close()

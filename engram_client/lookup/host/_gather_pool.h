@@ -41,7 +41,8 @@ struct Pool {
     /* The prefill crew (_prefill_crew.h): threads that take only the jobs of lists[CREW], at SCHED_IDLE
      * (--prefill-gathers idle) or at normal priority off the decode CPUs with spares at SCHED_IDLE on them. */
     atomic_int ncrew, crew_quit;
-    int crew_started, crew_error, threads_asked, pinned, crew_spares, crew_idle;
+    int crew_started, crew_error, threads_asked, pinned, crew_idle;
+    int crew_split, crew_spares;   /* decode CPUs the crew keeps off, and its spares on them */
     pthread_t *crew;               /* the crew, then its spares */
     cpu_set_t pin;                 /* where the workers (and the crew) run, if pinned */
     cpu_set_t decode_pin;          /* the decode CPUs among them, where the crew has spares */

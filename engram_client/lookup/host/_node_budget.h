@@ -86,6 +86,7 @@
 #define NB_CREW_STALL_NS 3000000LL      /* a crew thread holding a token, not seen running this long, is off its CPU */
 #define NB_CREW_SEEN_NS 100000LL       /* a running crew thread holding a token says so this often */
 #define NB_FLAG_PREFILL_IDLE 1u        /* the header's flags: prefill-size jobs go to the pools' crews (_prefill_crew.h) */
+#define NB_FLAG_NO_SPARES 2u           /* ... and no crew has spares on the decode CPUs (engramd --decode-spares off) */
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
 #define NB_STAND_IN (-3)               /* a decode-size job gathered in place of a crew thread off its CPU */

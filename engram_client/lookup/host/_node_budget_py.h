@@ -190,7 +190,7 @@ static PyObject *pool_get_prefill_spares(PoolObject *self, void *unused);
 #define NB_POOL_GETSETS {"prefill_crew", (getter)pool_get_prefill_crew, NULL, \
     "(threads, errno): the crew that gathers prefill-size jobs (at SCHED_IDLE, or off the decode CPUs), and why it did not start (0: it did or was not asked)", NULL}, \
     {"prefill_spares", (getter)pool_get_prefill_spares, NULL, \
-    "(threads, CPUs): the crew's spares at SCHED_IDLE on the decode CPUs, and those CPUs (empty: none)", NULL},
+    "(threads, CPUs): the crew's spares at SCHED_IDLE on the decode CPUs, and the decode CPUs it keeps off (empty: none)", NULL},
 #define NB_POOL_METHODS {"set_budget", (PyCFunction)pool_set_budget, METH_O, \
     "set_budget(budget) -> whether the pool now draws on it (a pool started on a budget only)."},
 
@@ -243,7 +243,7 @@ static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused) {
 static PyObject *pool_get_prefill_spares(PoolObject *self, void *unused) {
     Pool *pool = self->pool;
     PyObject *cpus = PyList_New(0);
-    for (int c = 0; cpus && pool && pool->crew_spares && c < CPU_SETSIZE; c++)
+    for (int c = 0; cpus && pool && pool->crew_split && c < CPU_SETSIZE; c++)
         if (CPU_ISSET(c, &pool->decode_pin)) {
             PyObject *n = PyLong_FromLong(c);
             if (!n || PyList_Append(cpus, n) < 0) Py_CLEAR(cpus);
@@ -263,7 +263,8 @@ static int nb_add_to_module(PyObject *module) {
            PyModule_AddIntConstant(module, "BUDGET_MAX_SLOTS", NB_MAX_SLOTS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_MAX_GROUPS", NB_MAX_GROUPS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ||
-           PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ? -1 : 0;
+           PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ||
+           PyModule_AddIntConstant(module, "BUDGET_FLAG_NO_SPARES", NB_FLAG_NO_SPARES) < 0 ? -1 : 0;
 }
 
 /* GatherPool's budget and cpus arguments: the budget (or NULL) and the CPUs to pin to; as nb_parse_cpus. */

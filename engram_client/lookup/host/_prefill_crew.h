@@ -22,7 +22,7 @@
  * workers (pinned to every gather CPU) land there at once: the kernel places a waking thread on an
  * idle CPU, and one that runs only SCHED_IDLE threads counts as idle.  To keep prefill
  * work-conserving, D spares at SCHED_IDLE pinned to the decode CPUs gather the crew's jobs while
- * those CPUs are otherwise free.  Spares hold no token: a decode-size waiter never waits for one
+ * those CPUs are otherwise free (none where the budget says --decode-spares off).  Spares hold no token: a decode-size waiter never waits for one
  * (a stand-in would come only after NB_CREW_STALL_NS, too late for decode), so the group's count of
  * gathering threads may exceed its tokens by the spares, which take no CPU from any thread of
  * normal priority.  Their price: a block a spare took when a thread of normal priority wanted its
@@ -33,7 +33,7 @@
 static int crew_takes(Pool *pool, const Job *job) {
     NodeBudget *b = atomic_load(&pool->budget);
     return b && atomic_load(&pool->ncrew) > 0 && job->n > b->small_rows &&
-           ((b->flags & NB_FLAG_PREFILL_IDLE) || (pool->crew_spares && b->decode > 0));
+           ((b->flags & NB_FLAG_PREFILL_IDLE) || (pool->crew_split && b->decode > 0));
 }
 
 static void *crew_main(void *arg) { return budget_worker_main(arg, 1); }
@@ -80,15 +80,17 @@ static int crew_start(Pool *pool) {
     int idle = (b->flags & NB_FLAG_PREFILL_IDLE) != 0;
     cpu_set_t crew_pin = pool->pin, decode_pin;
     CPU_ZERO(&decode_pin);
-    int spares = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &decode_pin);
-    if (!idle && !spares) return 0;
+    int split = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &decode_pin);
+    int spares = b->flags & NB_FLAG_NO_SPARES ? 0 : split;
+    if (!idle && !split) return 0;
     if (pool->crew_started) {
-        if (pool->crew_idle == idle && pool->crew_spares == spares && CPU_EQUAL(&decode_pin, &pool->decode_pin))
+        if (pool->crew_idle == idle && pool->crew_split == split && pool->crew_spares == spares &&
+            CPU_EQUAL(&decode_pin, &pool->decode_pin))
             return 0;  /* the crew this budget asks for runs already */
         atomic_store(&pool->crew_quit, 1);
         crew_join(pool);
     }
-    pool->decode_pin = decode_pin, pool->crew_spares = 0, pool->crew_idle = idle;
+    pool->decode_pin = decode_pin, pool->crew_split = pool->crew_spares = 0, pool->crew_idle = idle;
     int n = pool->threads_asked, err = 0;
     if (!pool->crew && !(pool->crew = calloc((size_t)n + CREW_MAX_SPARES, sizeof(pthread_t))))
         return pool->crew_error = ENOMEM;
@@ -107,11 +109,10 @@ static int crew_start(Pool *pool) {
     if (err) {
         atomic_store(&pool->crew_quit, 1);
         crew_join(pool);
-        pool->crew_spares = 0;
         return pool->crew_error = err;
     }
     pool->crew_error = 0;
-    pool->crew_spares = spares;
+    pool->crew_split = split, pool->crew_spares = spares;
     atomic_store(&pool->ncrew, n);  /* from now on, prefill jobs are listed for the crew */
     return 0;
 }

@@ -152,7 +152,7 @@ class GatherSeat:
         if threads:
             return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus): its prefill-size "
                     f"calls are gathered by {_n(threads, 'thread')} kept off the decode CPUs {format_cpus(cpus)}, with "
-                    f"{_n(spares, 'spare')} at SCHED_IDLE there")
+                    + (f"{_n(spares, 'spare')} at SCHED_IDLE there" if spares else "no spares there (--decode-spares off)"))
         if error:
             log.warning("engram_client: this process may not start the prefill crew's spares at SCHED_IDLE (%s): its "
                         "prefill gathers also run on the decode CPUs", os.strerror(error))
