@@ -124,3 +124,16 @@ def test_decode_spares_off_keeps_the_decode_cpus_to_decode_calls_alone(budget_da
     group.go()
     group.results()  # every row exact on the crew alone
     assert watcher(daemon).group_state()["peak"] == 1
+
+
+def test_a_rank_decoding_back_to_back_cannot_hold_a_prefill_off_for_good(budget_daemon, ranks):
+    """A peer that only ever asks with decode-size calls goes first every time, and the decode token
+    is always there for it; the prefill beside it still gets its calls done (on the tokens the
+    decoder leaves, or, held off 1 s, without one: counted), every row exact."""
+    daemon = budget_daemon("0-1", "--decode-cpus", "1")
+    group = ranks(daemon.endpoint, [(65536, 4, 0), (6144, 0, 0)])
+    group.go()
+    (prefill,) = group.results([0])
+    group.stop([1])
+    (decode,) = group.results([1])
+    assert prefill["calls"] == 4 and decode["calls"] > 0 and decode["stats"]["overdraft"] == 0, (prefill, decode)
