@@ -224,6 +224,8 @@ def main() -> None:
                         "--endpoint): the budget's rules, e.g. '--decode-cpus 0' or '--prefill-gathers idle'")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.endpoint and args.daemon_args:
+        raise SystemExit("--daemon-args is for the daemon this benchmark starts; with --endpoint, start yours with them")
     vocab = demo_vocab_for_table_bytes(int(args.table_gib * 2**30))
     results = {"gpu": torch.cuda.get_device_name(0), "batch": BATCH, "prefill_tokens": PREFILL_SEQS * PREFILL_LEN,
                "decode_steps": args.decode_steps, "rounds": args.rounds, "models": {}}

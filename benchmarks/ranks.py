@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> dict:
     from engram_client.tools.bench import start_daemon
 
     proc, endpoint = None, args.endpoint
+    if endpoint and args.daemon_args:
+        raise SystemExit("--daemon-args is for the daemon this benchmark starts; with --endpoint, start yours with them")
     if endpoint is None:
         proc, endpoint, _ = start_daemon(args.table_gib, args.load_threads, tuple(shlex.split(args.daemon_args)))
     try:

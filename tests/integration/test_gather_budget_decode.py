@@ -101,7 +101,8 @@ def test_a_prefill_rank_frozen_then_killed_mid_lookup_leaves_decode_its_token(bu
 
 def test_decode_cpus_are_checked_before_anything_starts(socket_dir, shm_dir):
     for args, words in ((["--gather-cpus", "0-1", "--decode-cpus", "2"], "at least one must be left"),
-                        (["--gather-cpus", "0-1", "--decode-cpus", "1", "--prefill-gathers", "idle"], "give one of them"),
+                        (["--gather-cpus", "0-1", "--decode-cpus", "1", "--prefill-gathers", "idle"],
+                         "give one of them"),
                         (["--gather-cpus", "off", "--decode-cpus", "1"], "--gather-cpus off has none"),
                         (["--decode-cpus", "many"], "'auto' or a number")):
         done = subprocess.run([sys.executable, "-m", "engramd", "serve", "--socket",

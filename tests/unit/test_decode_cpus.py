@@ -166,8 +166,8 @@ def test_a_process_refused_sched_idle_for_its_spares_says_so_and_gathers_its_pre
     assert run.returncode == 0, run.stderr
     crew, explanation = run.stdout.splitlines()[:2]
     assert crew == f"(0, {errno.EPERM}) 0 True", run.stdout
-    assert "1 token of the group kept for decode-size calls (--decode-cpus), but this pool's prefill-size calls run on " \
-        "every CPU" in explanation and "(Operation not permitted)" in explanation, explanation
+    assert "1 token of the group kept for decode-size calls (--decode-cpus), but this pool's prefill-size calls " \
+        "run on every CPU" in explanation and "(Operation not permitted)" in explanation, explanation
     assert "may not start the prefill crew's spares at SCHED_IDLE" in run.stderr
 
 

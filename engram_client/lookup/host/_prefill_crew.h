@@ -22,8 +22,9 @@
  * workers (pinned to every gather CPU) land there at once: the kernel places a waking thread on an
  * idle CPU, and one that runs only SCHED_IDLE threads counts as idle.  To keep prefill
  * work-conserving, D spares at SCHED_IDLE pinned to the decode CPUs gather the crew's jobs while
- * those CPUs are otherwise free (none where the budget says --decode-spares off).  Spares hold no token: a decode-size waiter never waits for one
- * (a stand-in would come only after NB_CREW_STALL_NS, too late for decode), so the group's count of
+ * those CPUs are otherwise free (none where the budget says --decode-spares off).  Spares hold no
+ * token: a decode-size waiter never waits for one (a stand-in would come only after
+ * NB_CREW_STALL_NS, too late for decode), so the group's count of
  * gathering threads may exceed its tokens by the spares, which take no CPU from any thread of
  * normal priority.  Their price: a block a spare took when a thread of normal priority wanted its
  * CPU waits for it, so a prefill call's last block may come late beside a busy decode CPU.

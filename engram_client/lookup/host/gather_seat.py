@@ -125,8 +125,8 @@ class GatherSeat:
         return self.pool
 
     def _say_prefill_crew(self) -> None:
-        """Say what the daemon's --prefill-gathers rule means for this pool (again after a move to
-        another daemon's budget)."""
+        """Say what the daemon's --prefill-gathers and --decode-cpus rules mean for this pool (again
+        after a move to another daemon's budget)."""
         self.prefill_words = ""
         if self.budget is not None and not self.budget.prefill_idle and self.budget.decode_tokens:
             self.prefill_words = self._decode_cpu_words()
@@ -143,22 +143,22 @@ class GatherSeat:
                 log.warning("engram_client: %s", words)
                 self.prefill_words = "; " + words
 
-
     def _decode_cpu_words(self) -> str:
         """What the daemon's decode CPUs (--decode-cpus) mean for this pool."""
         decode = self.budget.decode_tokens
         threads, error = self.pool.prefill_crew
         spares, cpus = self.pool.prefill_spares
         if threads:
-            return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus): its prefill-size "
-                    f"calls are gathered by {_n(threads, 'thread')} kept off the decode CPUs {format_cpus(cpus)}, with "
-                    + (f"{_n(spares, 'spare')} at SCHED_IDLE there" if spares else "no spares there (--decode-spares off)"))
+            there = f"{_n(spares, 'spare')} at SCHED_IDLE there" if spares else "no spares there (--decode-spares off)"
+            return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus): its "
+                    f"prefill-size calls are gathered by {_n(threads, 'thread')} kept off the decode CPUs "
+                    f"{format_cpus(cpus)}, with {there}")
         if error:
             log.warning("engram_client: this process may not start the prefill crew's spares at SCHED_IDLE (%s): its "
                         "prefill gathers also run on the decode CPUs", os.strerror(error))
+        why = os.strerror(error) if error else "its workers are not pinned, or pinned to too few CPUs"
         return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus), but this pool's "
-                "prefill-size calls run on every CPU it is pinned to (" + (os.strerror(error) if error else
-                                                        "its workers are not pinned, or pinned to too few CPUs") + ")")
+                f"prefill-size calls run on every CPU it is pinned to ({why})")
 
 
 def _open_budget(spec: dict, group: dict, timeout: float):
