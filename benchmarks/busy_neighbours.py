@@ -65,6 +65,7 @@ def budget_view(status: dict) -> dict:
     tokens and the most threads ever gathering at once, each client's waits, overdrafts and stand-ins."""
     budget = status.get("gather_budget") or {}
     return {"prefill_gathers": budget.get("prefill_gathers"),
-            "groups": [{k: g.get(k) for k in ("tokens", "peak_gathering", "grants")} for g in budget.get("groups", [])],
+            "groups": [{k: g.get(k) for k in ("tokens", "decode_tokens", "decode_cpus", "peak_gathering", "grants")}
+                       for g in budget.get("groups", [])],
             "clients": [{k: (c.get("budget") or {}).get(k) for k in ("wait_s", "yields", "overdraft", "stand_ins", "rows")}
                         for c in status.get("clients", [])]}

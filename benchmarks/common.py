@@ -38,15 +38,15 @@ def lookup_parser(doc: str, iterations: int) -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def serving(endpoint: str | None, table_gib: float, load_threads: int = 8):
+def serving(endpoint: str | None, table_gib: float, load_threads: int = 8, daemon_args: tuple[str, ...] = ()):
     """The endpoint to measure: ``endpoint`` itself, or a daemon started on a demo table of
-    ``table_gib`` GiB (built in memory) and stopped afterwards."""
+    ``table_gib`` GiB (built in memory, with ``daemon_args``) and stopped afterwards."""
     if endpoint is not None:
         yield endpoint
         return
     from engram_client.tools.bench import start_daemon
 
-    proc, endpoint, _ = start_daemon(table_gib, load_threads=load_threads)
+    proc, endpoint, _ = start_daemon(table_gib, load_threads=load_threads, extra=tuple(daemon_args))
     try:
         yield endpoint
     finally:

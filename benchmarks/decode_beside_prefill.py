@@ -1,7 +1,8 @@
 """A decode-size lookup's host stage beside ranks that prefill, on the CPU alone: where its time goes.
 
     python -m benchmarks.decode_beside_prefill [--mode eager|graph] [--tokens 2] [--neighbours 2]
-        [--table-gib 2] [--policies normal,batch,idle,crew] [--calls 150] [--hogs 1] [--json out.json]
+        [--table-gib 2] [--policies normal,batch,idle,crew,decode] [--decode-cpus 1] [--calls 150] [--hogs 1]
+        [--json out.json]
 
 No daemon and no GPU: the parts of the node budget a decode-size call depends on, real.  A budget
 memfd of --tokens tokens (budget_file.create, as the daemon makes it) on CPUs 0..tokens-1, a table
@@ -19,7 +20,10 @@ ranks run at), ``batch`` (SCHED_BATCH) and ``idle`` (SCHED_IDLE: a prefill's thr
 up the moment another thread wakes on it), and ``crew``: the product's own way to the same end,
 the neighbours at normal priority on a budget that asks for a prefill crew (engramd
 --prefill-gathers idle: each pool gathers prefill-size jobs on threads of its own at SCHED_IDLE,
-_prefill_crew.h; the decode pool has one too, unused).  For each: the decode call alone and beside the
+_prefill_crew.h; the decode pool has one too, unused), and ``decode``: the neighbours at normal priority
+on a budget that keeps --decode-cpus of its tokens and CPUs (the last ones) for decode-size calls
+(engramd --decode-cpus: each pool's prefill crew at normal priority off those CPUs, its spares at
+SCHED_IDLE on them).  For each: the decode call alone and beside the
 neighbours (median, p90, its first chunk, how long its workers sat runnable waiting for a CPU,
 from schedstat), and the neighbours' rows/s with no decode call and with --hogs CPU-bound
 processes of normal priority on the same CPUs (what the policy costs a prefill where other
@@ -151,13 +155,14 @@ def prefill_rates(fd: int, path: str, tokens: int, count: int, policy: str, hogs
     return sum(rates)
 
 
-SERIES = POLICIES + ("crew",)  # the neighbours' policies, and the budget's prefill crew
+SERIES = POLICIES + ("crew", "decode")  # the neighbours' policies, the budget's prefill crew, its decode CPUs
 
 
 def series(name: str, path: str, table: np.ndarray, args) -> dict:
     crew = name == "crew"
-    policy = "normal" if crew else name
-    fd = budget_file.create([args.tokens], flags=budget_file.FLAG_PREFILL_IDLE if crew else 0)
+    policy = "normal" if name in ("crew", "decode") else name
+    fd = budget_file.create([args.tokens], flags=budget_file.FLAG_PREFILL_IDLE if crew else 0,
+                            decode=[args.decode_cpus if name == "decode" else 0])
     try:
         budget = _host_gather.NodeBudget(fd, 0, args.tokens, budget_file.MAX_SLOTS)
         pool = _host_gather.GatherPool(args.tokens, caller_gathers=False, budget=budget, cpus=list(range(args.tokens)))
@@ -184,6 +189,7 @@ def main() -> None:
     parser.add_argument("--table-gib", type=float, default=2.0)
     parser.add_argument("--policies", default="normal,batch,idle,crew",
                         help="the neighbours' CPU scheduling policies, and crew (module docstring)")
+    parser.add_argument("--decode-cpus", type=int, default=1, help="the decode series' decode tokens and CPUs")
     parser.add_argument("--calls", type=int, default=150)
     parser.add_argument("--mode", choices=("eager", "graph"), default="eager",
                         help="a call prepared each time (eager), or one slot replayed (graph)")

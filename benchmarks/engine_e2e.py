@@ -1,7 +1,8 @@
 """A model's tokens/s with Engram rows from engramd, against the same table resident in HBM.
 
     python -m benchmarks.engine_e2e [--models 2048x16,4096x32] [--table-gib 32] [--decode-steps 40]
-        [--rounds 3] [--busy-neighbours 3] [--neighbour-policy normal] [--diagnose] [--json out.json]
+        [--rounds 3] [--busy-neighbours 3] [--neighbour-policy normal] [--diagnose]
+        [--daemon-args '--decode-cpus 2'] [--json out.json]
 
 Starts engramd on a demo table built without disk (or uses --endpoint), attaches one client
 and, for each model size (benchmarks/engine_model.py: random bf16 weights, Engram modules at the
@@ -21,7 +22,8 @@ Decode: batch 256 (one token per sequence, with history), the whole step (hashin
 waits, the model, the next-token argmax) captured in one CUDA graph, fresh random tokens written
 into its inputs before every replay.  Prefill: 16,384 tokens (16 sequences of 1,024), eager.
 Variants alternate within each round; medians over rounds.  Reported: ms per step, tokens/s,
-the loss against hbm; for host, the gather pool's CPU use (cores) while it ran; with busy
+the loss against hbm; for decode also the median and p90 of single steps over every round (each
+replay timed by events around it, on the GPU: no host synchronization between steps); for host, the gather pool's CPU use (cores) while it ran; with busy
 neighbours, the cores each used (its waiting caller's apart), the node's runnable threads (and
 who they are) and the budget's counters.  This is also the worked example docs/integration.md
 points to.
@@ -30,13 +32,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import time
 
 import torch
 
 from benchmarks.busy_neighbours import POLICIES, budget_view, start_neighbours, stop_neighbours
-from benchmarks.common import RunnableSampler, serving, write_json
+from benchmarks.common import RunnableSampler, p90, serving, write_json
 from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
 from benchmarks.lookup_probe import probe
 from engram_client import EngramClient
@@ -93,19 +96,19 @@ class Decode:
             self.next_tokens = model.forward(self.tokens, BATCH, source, self.starts, self.history)
         torch.cuda.synchronize()
 
-    def run(self, steps: int) -> float:
-        """GPU ms per step, fresh tokens and history before every step.  (Host time per replay is
+    def run(self, steps: int) -> list[float]:
+        """GPU ms of each step, fresh tokens and history before every step.  (Host time per replay is
         benchmarks/host_time.py's measure: here the queue fills and replay() waits for the GPU.)"""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         torch.cuda.synchronize()
-        start.record()
-        for _ in range(steps):
+        for step in range(steps):
             torch.randint(0, TOKENS[0], (BATCH,), out=self.tokens)
             torch.randint(0, TOKENS[0], (BATCH, 3), out=self.history)
+            marks[step].record()
             self.graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / steps
+        marks[steps].record()
+        marks[steps].synchronize()
+        return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
 
 
 def prefill_ms(model, source) -> float:
@@ -143,12 +146,15 @@ def measure(model, sources: dict, args, label: str) -> dict:
     for name, source in sources.items():
         prefill_ms(model, source)  # warm-up
     decode = {name: [] for name in sources}
+    steps = {name: [] for name in sources}  # every decode step of every round
     prefill = {name: [] for name in sources}
     cpu_before, host_wall = pool_cpu_s(), 0.0
     for round_ in range(args.rounds):
         for name in sources:
             began = time.perf_counter()
-            decode[name].append(decodes[name].run(args.decode_steps))
+            times = decodes[name].run(args.decode_steps)
+            steps[name] += times
+            decode[name].append(sum(times) / len(times))
             prefill[name].append(prefill_ms(model, sources[name]))
             if name.startswith("host"):
                 host_wall += time.perf_counter() - began
@@ -159,6 +165,8 @@ def measure(model, sources: dict, args, label: str) -> dict:
         for name, values in samples.items():
             ms = statistics.median(values)
             result[phase][name] = {"ms": ms, "all_ms": values, "tokens_per_s": tokens / ms * 1e3}
+    for name, entry in result["decode"].items():
+        entry.update(step_median_ms=statistics.median(steps[name]), step_p90_ms=p90(steps[name]), steps=len(steps[name]))
     for phase in ("decode", "prefill"):
         base = result[phase].get("hbm", {}).get("ms")
         for name, entry in result[phase].items():
@@ -212,12 +220,18 @@ def main() -> None:
                         help="the busy neighbours' CPU scheduling policy (SCHED_OTHER, _BATCH, _IDLE)")
     parser.add_argument("--diagnose", action="store_true",
                         help="also host-beside-hbm: the host path's prefetches, rows from HBM (engine_model.HostBesideHbm)")
+    parser.add_argument("--daemon-args", default="", help="serve options of the daemon it starts (not with "
+                        "--endpoint): the budget's rules, e.g. '--decode-cpus 0' or '--prefill-gathers idle'")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.endpoint and args.daemon_args:
+        raise SystemExit("--daemon-args is for the daemon this benchmark starts; with --endpoint, start yours with them")
     vocab = demo_vocab_for_table_bytes(int(args.table_gib * 2**30))
     results = {"gpu": torch.cuda.get_device_name(0), "batch": BATCH, "prefill_tokens": PREFILL_SEQS * PREFILL_LEN,
                "decode_steps": args.decode_steps, "rounds": args.rounds, "models": {}}
-    with serving(args.endpoint, args.table_gib, load_threads=min(16, os.cpu_count() or 1)) as endpoint:
+    results["daemon_args"] = args.daemon_args
+    with serving(args.endpoint, args.table_gib, load_threads=min(16, os.cpu_count() or 1),
+                 daemon_args=tuple(shlex.split(args.daemon_args))) as endpoint:
         started = time.perf_counter()
         client = EngramClient(endpoint=endpoint, device="cuda:0", lookup_path="host", timeout=3600)
         results.update(lookup_path_info=client.lookup_path_info, table_bytes=client.status()["table_bytes"],
@@ -240,7 +254,7 @@ def main() -> None:
             del model, sources
             torch.cuda.empty_cache()
         client.close()
-    print_results(results)
+    print_results(results)  # adds each busy model's summary, so before the JSON
     write_json(args.json, results)
 
 
@@ -253,6 +267,26 @@ def print_results(results: dict) -> None:
                 for variant, e in part.get(phase, {}).items():
                     loss = "" if e["loss_vs_hbm"] is None else f"{e['loss_vs_hbm'] * 100:+.1f}%"
                     print(f"| {name} | {phase} | {variant} | {e['ms']:.3f} | {e['tokens_per_s']:,.0f} | {loss} |")
+    for name, model in results["models"].items():
+        if model.get("busy"):
+            summary = busy_summary(model)
+            model["busy_summary"] = summary
+            print(f"\n{name}, beside {model['busy']['neighbours']} busy neighbours (daemon: {results['daemon_args'] or 'defaults'}): "
+                  + ", ".join(f"{key} {value}" for key, value in summary.items()))
+
+
+def busy_summary(model: dict) -> dict:
+    """The issue's measures of one model: the decode step (median, p90) alone and beside the
+    neighbours, their ratios, a lone decode lookup's p90 against its p90 alone, the neighbours' rows/s."""
+    alone, busy = model["decode"]["host"], model["busy"]["decode"]["host+busy"]
+    lookup_alone, lookup_busy = model["busy"]["lookup_alone"], model["busy"]["lookup_busy"]
+    rates = [r["m_rows_per_s"] for r in model["busy"]["neighbour_reports"]]
+    return {"step_alone_ms": round(alone["step_median_ms"], 3), "step_alone_p90_ms": round(alone["step_p90_ms"], 3),
+            "step_busy_ms": round(busy["step_median_ms"], 3), "step_busy_p90_ms": round(busy["step_p90_ms"], 3),
+            "median_x": round(busy["step_median_ms"] / alone["step_median_ms"], 3),
+            "p90_x_median_alone": round(busy["step_p90_ms"] / alone["step_median_ms"], 3),
+            "lookup_p90_x": round(lookup_busy["p90_ms"] / lookup_alone["p90_ms"], 2),
+            "neighbours_m_rows_per_s": round(sum(rates), 2), "each_neighbour": rates}
 
 
 if __name__ == "__main__":

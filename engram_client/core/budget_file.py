@@ -4,7 +4,8 @@ engram_client/lookup/host/_node_budget.h is the code that schedules on it and dr
 module holds what the daemon needs to create one and to read it for status, and the
 client's side of handing it over:
 
-    offset      0   header   magic "ENGBUDG1", version, file bytes, groups, slots, small_rows, flags, tokens[8]
+    offset      0   header   magic "ENGBUDG1", version, file bytes, groups, slots, small_rows, flags, tokens[8],
+                             decode[8] (tokens a prefill-size job never takes; zero from a daemon before them)
              4096   slots    64 x 128 B, one per rank process
     16384 + g*40960 group g  lock, counters, masks, owner hints, grant log
     lock bytes      1 GiB + s (slot s alive), 2 GiB + g*1024 + t (token t of group g)
@@ -35,7 +36,9 @@ FILE_BYTES = GROUPS_AT + MAX_GROUPS * GROUP_BYTES
 SMALL_ROWS = 16384  # a call of at most this many rows is decode-size: it goes first
 FLAG_PREFILL_IDLE = 1  # the header's flags: ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
 PREFILL_GATHERS = {"normal": 0, "idle": FLAG_PREFILL_IDLE}  # engramd --prefill-gathers: the flags each sets
-_HEADER = struct.Struct(f"<QIIIIII{MAX_GROUPS}I")
+FLAG_NO_SPARES = 2  # ... and no spares of the prefill crews on the decode CPUs (engramd --decode-spares off)
+DECODE_SPARES = {"idle": 0, "off": FLAG_NO_SPARES}  # engramd --decode-spares: the flags each sets
+_HEADER = struct.Struct(f"<QIIIIII{MAX_GROUPS}I{MAX_GROUPS}I")
 _GROUP_COUNTERS = struct.Struct("<QQQQQQQQQii")  # lock .. sweeps, gathering, peak (NbGroup's first fields)
 # NbSlot: seq, sleepers, want, want_small, held, group, pid, crew_held, last_grant, rows .. small_wait_blocks_max,
 # crew_seen_at, stand_ins, standing_in
@@ -46,15 +49,20 @@ _FLOCK = struct.Struct("hhqqi4x")
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-def create(tokens: list[int], slots: int = MAX_SLOTS, small_rows: int = SMALL_ROWS, flags: int = 0) -> int:
-    """A new sealed budget (one group per entry of ``tokens``, header ``flags``); returns its descriptor."""
+def create(tokens: list[int], slots: int = MAX_SLOTS, small_rows: int = SMALL_ROWS, flags: int = 0,
+           decode: list[int] | None = None) -> int:
+    """A new sealed budget (one group per entry of ``tokens``, header ``flags``, ``decode`` tokens of
+    each group kept for decode-size jobs); returns its descriptor."""
     if not 1 <= len(tokens) <= MAX_GROUPS or not all(1 <= t <= MAX_TOKENS for t in tokens):
         raise ConfigError(f"a gather budget has 1..{MAX_GROUPS} groups of 1..{MAX_TOKENS} tokens, got {tokens}")
+    decode = [0] * len(tokens) if decode is None else list(decode)
+    if len(decode) != len(tokens) or not all(0 <= d < t for d, t in zip(decode, tokens)):
+        raise ConfigError(f"each group keeps 0..tokens-1 decode tokens: {decode} for groups of {tokens} tokens")
     fd = os.memfd_create("engramd-gather-budget", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, FILE_BYTES)
         header = _HEADER.pack(MAGIC, VERSION, FILE_BYTES, len(tokens), slots, small_rows, flags,
-                              *tokens, *[0] * (MAX_GROUPS - len(tokens)))
+                              *tokens, *[0] * (MAX_GROUPS - len(tokens)), *decode, *[0] * (MAX_GROUPS - len(decode)))
         os.pwrite(fd, header, 0)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
     except BaseException:
@@ -91,6 +99,7 @@ class BudgetView:
             raise ConfigError("not a gather budget of this version")
         self.groups, self.slots, self.flags = fields[3], fields[4], fields[6]
         self.tokens = list(fields[7:7 + self.groups])
+        self.decode = list(fields[7 + MAX_GROUPS:7 + MAX_GROUPS + self.groups])
 
     def group(self, g: int) -> dict:
         values = _GROUP_COUNTERS.unpack_from(self._map, GROUPS_AT + g * GROUP_BYTES)

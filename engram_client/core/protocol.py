@@ -34,8 +34,9 @@ from .errors import ProtocolError
 # 1.4 the hot-row list (attach, status), the HBM row cache's counters (heartbeat, status) and NUMA
 # replicas (attach's numa_node and replicas, status.replicas, clients[].numa_node and replica);
 # 1.5 the gather budget's prefill rule (its header's flags, status, heartbeat's prefill_threads);
-# 1.6 heartbeat's stand_ins (decode-size calls gathered in place of a crew thread off its CPU)
-PROTOCOL_VERSION = (1, 6)
+# 1.6 heartbeat's stand_ins (decode-size calls gathered in place of a crew thread off its CPU);
+# 1.7 the gather budget's decode CPUs (its header's decode counts, status's decode_tokens and decode_cpus)
+PROTOCOL_VERSION = (1, 7)
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.

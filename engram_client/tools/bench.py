@@ -191,12 +191,13 @@ def print_results(results: dict) -> None:
               f"{o['lookups_ms']['median_ms']:.2f} ms after start")
 
 
-def start_daemon(table_gib: float, load_threads: int) -> tuple[subprocess.Popen, str, str]:
+def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
+    """A daemon on a demo table of ``table_gib`` GiB, with ``extra`` serve options (e.g. the budget's rules)."""
     socket_dir = tempfile.mkdtemp(prefix="engramd-bench-")
     shm_dir = tempfile.mkdtemp(prefix="engramd-bench-", dir="/dev/shm")
     vocab = demo_vocab_for_table_bytes(int(table_gib * 2**30))
     endpoint = f"ipc://{socket_dir}/engramd.sock"
-    proc = launch_serve(endpoint, shm_dir, "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads))
+    proc = launch_serve(endpoint, shm_dir, "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads), *extra)
     return proc, endpoint, shm_dir
 
 

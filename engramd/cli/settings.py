@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 import click
 from click.core import ParameterSource
 
-from engram_client.core.budget_file import PREFILL_GATHERS
+from engram_client.core.budget_file import DECODE_SPARES, PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.core.variables import CONFIG, PREFIX, READERS, setting_variable
 
@@ -120,6 +120,13 @@ SETTINGS = [
             "Priority of the ranks' prefill-size gathers (over 16,384 rows): idle runs them at SCHED_IDLE, so "
             "decode-size lookups beside them get CPUs at once, but they gather only where no other thread of "
             "normal priority wants the CPU (docs/BENCHMARKS.md).", field="prefill_gathers"),
+    Setting("decode_cpus", str, DEFAULTS["decode_cpus"], "CPUs of each budget group (its last ones) where no "
+            "prefill-size gather of normal priority runs, and as many tokens kept for decode-size lookups: a number, "
+            "or auto (one per 8 tokens, rounded up, in groups of 4 or more; 0 with --prefill-gathers idle).",
+            metavar="auto|N", field="decode_cpus"),
+    Setting("decode_spares", click.Choice(sorted(DECODE_SPARES)), DEFAULTS["decode_spares"],
+            "Threads at SCHED_IDLE on the decode CPUs that gather prefill-size calls while those CPUs are otherwise "
+            "free (idle); off leaves the decode CPUs to decode-size calls alone.", field="decode_spares"),
     Setting("hot_rows", click.Path(dir_okay=False), None, "A hot-row list (engramd hot-rows build) for the ranks' HBM "
             "row cache; it must fit the table, else the first load fails (a reload serves without it).",
             metavar="FILE", field="hot_rows"),

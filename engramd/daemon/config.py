@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engram_client.core.budget_file import PREFILL_GATHERS
+from engram_client.core.budget_file import DECODE_SPARES, PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.core.endpoints import default_endpoint, pub_endpoint_for
 from engram_client.core.errors import ConfigError
@@ -38,6 +38,8 @@ class ServeConfig:
     numa_replicas: str | None = None  # "all" or a node list: one table copy per node (daemon/replicas.py)
     gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
     prefill_gathers: str = "normal"  # "idle": ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
+    decode_cpus: str = "auto"  # CPUs per budget group kept from prefill gathers (daemon/decode_cpus.py)
+    decode_spares: str = "idle"  # "off": no prefill crew spares at SCHED_IDLE on the decode CPUs
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
     replica_nodes: list[int] = field(default_factory=list, init=False)  # from ``numa_replicas``; [] without
@@ -72,6 +74,20 @@ class ServeConfig:
         if self.prefill_gathers != "normal" and self.gather_cpus == "off":
             raise ConfigError(f"--prefill-gathers {self.prefill_gathers} is a rule of the node's gather budget, and "
                               "--gather-cpus off has none")
+        from .decode_cpus import AUTO, check_spec as check_decode_spec
+        check_decode_spec(self.decode_cpus)
+        if self.decode_spares not in DECODE_SPARES:
+            raise ConfigError(f"--decode-spares must be one of {', '.join(DECODE_SPARES)}, got {self.decode_spares!r}")
+        if self.decode_cpus not in (AUTO, "0") and self.prefill_gathers == "idle":
+            raise ConfigError(f"--decode-cpus {self.decode_cpus} with --prefill-gathers idle: the idle crew already "
+                              "leaves every CPU to decode calls; give one of them")
+        if self.decode_cpus not in (AUTO, "0") and self.gather_cpus == "off":
+            raise ConfigError(f"--decode-cpus {self.decode_cpus} is a rule of the node's gather budget, and "
+                              "--gather-cpus off has none")
+        if self.decode_cpus not in (AUTO, "0"):  # a count every group can give, checked before anything starts
+            from .decode_cpus import decode_counts
+            from .gather_budget import plan_groups
+            decode_counts([len(g.cpus) for g in plan_groups(self.gather_cpus)], self.decode_cpus, self.prefill_gathers)
         if self.remote_status and not self.curve_keys_dir:
             raise ConfigError(f"--remote-status {self.remote_status}: TCP is served only with CURVE authentication; "
                               "give --curve-keys-dir (create one with `engramd keys DIR`)")

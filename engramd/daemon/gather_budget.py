@@ -2,6 +2,8 @@
 
     --gather-cpus LIST | N% | off      (default: every CPU the daemon may use, less one per GPU)
     --prefill-gathers normal | idle    (idle: ranks gather prefill-size calls at SCHED_IDLE)
+    --decode-cpus auto | N             (CPUs of each group kept from prefill gathers: decode_cpus.py)
+    --decode-spares idle | off         (off: no prefill crew spares at SCHED_IDLE on those CPUs)
 
 The budget's CPUs are split into groups, one per NUMA node; a group's tokens are its CPUs.
 The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
@@ -30,6 +32,8 @@ from engram_client.core.errors import ConfigError
 
 from .budget_handout import ACCEPT_POLL_S, SEND_TIMEOUT_S, BudgetHandout
 from engram_client.core.numa_nodes import format_cpu_list, parse_cpu_list  # noqa: F401 (tests import them here)
+
+from .decode_cpus import decode_counts, decode_cpus
 
 log = logging.getLogger("engramd.gather_budget")
 # What a client may report in its heartbeat (engram_client/lookup/host/gather_seat.py): name -> type.
@@ -160,10 +164,12 @@ class GatherBudget:
     """The budget memory and its socket; created by the server once the request socket is bound."""
 
     def __init__(self, groups: list[BudgetGroup], socket_path: str, gid: int | None, budget_id: str,
-                 prefill_gathers: str = "normal"):
+                 prefill_gathers: str = "normal", decode: str = "auto", decode_spares: str = "idle"):
         self.groups, self.socket_path, self.id = groups, socket_path, budget_id
-        self.prefill_gathers = prefill_gathers
-        self.fd = budget_file.create([len(g.cpus) for g in groups], flags=budget_file.PREFILL_GATHERS[prefill_gathers])
+        self.prefill_gathers, self.decode_spares = prefill_gathers, decode_spares
+        self.decode = decode_counts([len(g.cpus) for g in groups], decode, prefill_gathers)
+        flags = budget_file.PREFILL_GATHERS[prefill_gathers] | budget_file.DECODE_SPARES[decode_spares]
+        self.fd = budget_file.create([len(g.cpus) for g in groups], flags=flags, decode=self.decode)
         self.view = budget_file.BudgetView(self.fd)
         self._closed = threading.Event()
         self.listener = None
@@ -203,15 +209,17 @@ class GatherBudget:
 
     def summary(self) -> str:
         groups = "; ".join(f"NUMA node {g.node}: {len(g.cpus)} tokens on CPUs {format_cpu_list(list(g.cpus))}"
-                           for g in self.groups)
-        return groups + ("; prefill-size calls gathered at SCHED_IDLE" if self.prefill_gathers == "idle" else "")
+                           + (f", decode CPUs {format_cpu_list(decode_cpus(g.cpus, d))}" if d else "")
+                           for g, d in zip(self.groups, self.decode))
+        return groups + ("; prefill-size calls gathered at SCHED_IDLE" if self.prefill_gathers == "idle" else "") + \
+            ("; no spares on the decode CPUs" if any(self.decode) and self.decode_spares == "off" else "")
 
     def describe(self) -> dict:
         """What an attach reply says about the budget (docs/protocol.md, 1.3)."""
         return {"socket": self.socket_path, "id": self.id, "version": budget_file.VERSION,
                 "slots": self.view.slots, "small_rows": budget_file.SMALL_ROWS,
-                "groups": [{"group": i, "node": g.node, "cpus": list(g.cpus), "tokens": len(g.cpus)}
-                           for i, g in enumerate(self.groups)]}
+                "groups": [{"group": i, "node": g.node, "cpus": list(g.cpus), "tokens": len(g.cpus),
+                            "decode_tokens": d} for i, (g, d) in enumerate(zip(self.groups, self.decode))]}
 
     def status(self) -> dict:
         """The budget for status: each group's tokens, CPUs, and what the kernel and the ranks say of it."""
@@ -220,9 +228,11 @@ class GatherBudget:
             seen = self.view.group(i)
             groups.append({"group": i, "node": g.node, "cpus": format_cpu_list(list(g.cpus)), "tokens": len(g.cpus),
                            "locked": seen["locked"], "peak_gathering": seen["peak"], "grants": seen["grants"],
-                           "dead_slots_swept": seen["sweeps"]})
+                           "dead_slots_swept": seen["sweeps"], "decode_tokens": self.decode[i],
+                           "decode_cpus": format_cpu_list(decode_cpus(g.cpus, self.decode[i]))})
         return {"id": self.id, "socket": self.socket_path, "groups": groups,
-                "tokens": sum(len(g.cpus) for g in self.groups), "prefill_gathers": self.prefill_gathers}
+                "tokens": sum(len(g.cpus) for g in self.groups), "prefill_gathers": self.prefill_gathers,
+                "decode_spares": self.decode_spares}
 
     def close(self) -> None:
         self._closed.set()
@@ -250,4 +260,5 @@ def serve_budget(config, boot_id: str) -> "GatherBudget | None":
         log.info("no gather budget (%s): each rank sizes its own pool",
                  "--gather-cpus off" if not groups else "not an ipc endpoint")
         return None
-    return GatherBudget(groups, path + ".budget", config.gid, boot_id, config.prefill_gathers)
+    return GatherBudget(groups, path + ".budget", config.gid, boot_id, config.prefill_gathers, config.decode_cpus,
+                        config.decode_spares)

@@ -12,11 +12,17 @@ def budget_families(status: dict):
                                "budget", labels=["group", "node", "cpus"])
     held = GaugeMetricFamily("engramd_gather_budget_held", "Tokens of a group held now (the kernel's lock table)",
                              labels=["group", "node"])
+    decode = GaugeMetricFamily("engramd_gather_budget_decode_tokens", "Tokens (CPUs) of a group kept from "
+                               "prefill-size gathers for decode-size ones (--decode-cpus)",
+                               labels=["group", "node", "cpus"])
     for group in groups:
         tokens.add_metric([str(group["group"]), str(group["node"]), group["cpus"]], group["tokens"])
         held.add_metric([str(group["group"]), str(group["node"])], group["locked"])
+        decode.add_metric([str(group["group"]), str(group["node"]), group.get("decode_cpus", "")],
+                          group.get("decode_tokens", 0))
     yield tokens
     yield held
+    yield decode
     families = {key: GaugeMetricFamily(f"engramd_client_gather_{key}", text, labels=["client", "rank", "cpus"])
                 for key, text in (("threads", "Gather threads of a client's pool (on the budget)"),
                                   ("rows", "Rows a client has gathered on the budget (its heartbeats' count)"),

@@ -144,8 +144,17 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
         swept = _plural(group['dead_slots_swept'], "dead rank's slot", "dead ranks' slots")
         lines.append(f"  group {group['group']} (NUMA node {group['node']}): {_plural(group['tokens'], 'token')} on "
                      f"CPUs {group['cpus']}; {group['locked']} held now, at most {group['peak_gathering']} gathering "
-                     f"at once, {_plural(group['grants'], 'grant')}, {swept} swept")
+                     f"at once, {_plural(group['grants'], 'grant')}, {swept} swept"
+                     + _decode_cpus_words(group, budget.get("decode_spares")))
     return lines
+
+
+def _decode_cpus_words(group: dict[str, Any], spares: str | None) -> str:
+    if not group.get("decode_tokens"):
+        return ""
+    return (f"; decode CPUs {group['decode_cpus']} (no prefill gather of normal priority there, "
+            f"{group['decode_tokens']} tokens kept for decode-size calls, "
+            + ("no spares)" if spares == "off" else "prefill spares at SCHED_IDLE)"))
 
 
 def _hot_rows_line(hot: dict[str, Any] | None, error: str | None) -> str:

@@ -1,7 +1,8 @@
 """The node's gather budget on the host path, on CUDA: ranks on one GPU share the daemon's default
 budget, every lookup exact, never more gathering threads than tokens, decode calls first; the same
 with --prefill-gathers idle, where each rank's prefill-size lookups (started by its CUDA stream) run
-on its crew at SCHED_IDLE."""
+on its crew at SCHED_IDLE, and with the default decode CPUs, where they run on its crew off those
+CPUs (and without them: --decode-cpus 0)."""
 from __future__ import annotations
 
 import os
@@ -15,16 +16,19 @@ from engram_client.core import budget_file
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("prefill_gathers", ["normal", "idle"])
-def test_gpu_ranks_share_the_default_budget_exactly(daemon_factory, prefill_gathers):
-    daemon = daemon_factory("--lease-seconds", "1.5", "--prefill-gathers", prefill_gathers)
+@pytest.mark.parametrize("prefill_gathers, decode_cpus", [("normal", "auto"), ("normal", "0"), ("idle", "auto")])
+def test_gpu_ranks_share_the_default_budget_exactly(daemon_factory, prefill_gathers, decode_cpus):
+    daemon = daemon_factory("--lease-seconds", "1.5", "--prefill-gathers", prefill_gathers, "--decode-cpus", decode_cpus)
     spec = daemon.wait_state("ready")["gather_budget"]
-    tokens = spec["groups"][0]["tokens"]
+    tokens, decode = spec["groups"][0]["tokens"], spec["groups"][0]["decode_tokens"]
+    assert decode == (-(-tokens // 8) if tokens >= 4 and decode_cpus == "auto" and prefill_gathers == "normal" else 0)
     assert tokens == len(os.sched_getaffinity(0)) - 1  # one GPU here: one core left to the engine
     group = Ranks(daemon.endpoint, [(393216, 6, 0), (6144, 60, 0), (6144, 60, 0), (49152, 12, 0)], device="cuda:0")
     try:
         assert all(r["threads"] == min(tokens, 64) for r in group.ready), group.ready
-        assert all(("at SCHED_IDLE" in r["words"]) == (prefill_gathers == "idle") for r in group.ready), group.ready
+        assert all(("gathered by" in r["words"] and "at SCHED_IDLE" in r["words"]) == (prefill_gathers == "idle" or
+                   decode > 0) for r in group.ready), group.ready
+        assert all(("kept off the decode CPUs" in r["words"]) == (decode > 0) for r in group.ready), group.ready
         group.go()
         results = group.results()
     finally:

@@ -31,8 +31,8 @@ SMALL_MASK_AT = WANT_MASK_AT + 8
 PEERS = 0b1111 << 40  # four slots that wait with decode-size jobs and hold nothing
 
 
-def first_grant_with_waiting_peers(tokens: int) -> bool:
-    fd = budget_file.create([tokens])
+def first_grant_with_waiting_peers(tokens: int, decode: int = 0) -> bool:
+    fd = budget_file.create([tokens], decode=[decode])
     try:
         budget = _host_gather.NodeBudget(fd, 0, tokens, budget_file.MAX_SLOTS)
         pool = _host_gather.GatherPool(2, caller_gathers=False, budget=budget)
@@ -57,6 +57,12 @@ def first_grant_with_waiting_peers(tokens: int) -> bool:
 
 def test_a_prefill_takes_its_floor_token_while_decode_jobs_wait():
     assert first_grant_with_waiting_peers(4)
+
+
+def test_peers_that_claim_to_decode_do_not_starve_a_prefill_beside_decode_tokens():
+    """Four slots marked as waiting decode jobs, on a group keeping all but one token for decode:
+    the prefill still gets its floor token at once (what a claim to be decoding can win is bounded)."""
+    assert first_grant_with_waiting_peers(4, decode=3)
 
 
 @pytest.mark.parametrize("tokens", [1, 3])

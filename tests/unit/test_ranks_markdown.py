@@ -16,3 +16,9 @@ def test_the_markdown_names_the_budget_and_its_prefill_rule():
     assert idle.splitlines()[0] == "The daemon's budget: 12 tokens, prefill-size calls gathered at SCHED_IDLE."
     assert "normal priority" in normal.splitlines()[0] and "| budget | 1 | 393,216 | 63.2 | 6.12 | 6.45 |" in normal
     assert markdown(results(None)).startswith("The daemon has no gather budget.")
+
+
+def test_the_markdown_names_the_decode_cpus_where_the_budget_keeps_some():
+    groups = [{"group": 0, "tokens": 15, "decode_tokens": 2, "decode_cpus": "13-14"}]
+    text = markdown(results({"tokens": 15, "prefill_gathers": "normal", "groups": groups}))
+    assert text.splitlines()[0].endswith("normal priority; decode CPUs 13-14."), text

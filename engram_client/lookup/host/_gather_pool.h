@@ -8,7 +8,7 @@
  * reports its chunks to it through a word in pinned memory (_stream_signal.h): workers also poll
  * those words, and one of them watches them instead of sleeping while any are registered.  On a
  * budget that asks for it, prefill-size jobs go to a list of their own, served by the pool's prefill
- * crew at SCHED_IDLE (_prefill_crew.h).
+ * crew (_prefill_crew.h).
  */
 typedef struct Signal Signal;
 typedef struct SignalSet SignalSet;
@@ -38,11 +38,14 @@ struct Pool {
     pthread_mutex_t lock;
     JobList lists[2];
     atomic_int stop;
-    /* The prefill crew (_prefill_crew.h): threads at SCHED_IDLE that take only the jobs of lists[CREW]. */
+    /* The prefill crew (_prefill_crew.h): threads that take only the jobs of lists[CREW], at SCHED_IDLE
+     * (--prefill-gathers idle) or at normal priority off the decode CPUs with spares at SCHED_IDLE on them. */
     atomic_int ncrew, crew_quit;
-    int crew_started, crew_error, threads_asked, pinned;
-    pthread_t *crew;
+    int crew_started, crew_error, threads_asked, pinned, crew_idle;
+    int crew_split, crew_spares;   /* decode CPUs the crew keeps off, and its spares on them */
+    pthread_t *crew;               /* the crew, then its spares */
     cpu_set_t pin;                 /* where the workers (and the crew) run, if pinned */
+    cpu_set_t decode_pin;          /* the decode CPUs among them, where the crew has spares */
     atomic_llong spin_until;       /* workers poll, awake, until then (pool_prewake) */
     int nthreads, started;
     long generation;               /* fork_generation when the workers started */

@@ -6,7 +6,8 @@
  * draws the same layout for the daemon.  A pool attached to a budget gathers a block only while
  * one of its threads holds a token of its group (one group per NUMA node with budget CPUs):
  *
- *     offset      0        header        magic, version, groups, slots, small_rows, flags, tokens per group
+ *     offset      0        header        magic, version, groups, slots, small_rows, flags, tokens per group,
+ *                                       decode CPUs per group (0 in a budget of an older daemon: none)
  *                 4096     slots[64]     one per rank process: want/held counts, futex word, counters
  *                 16384 +  group[g]      decision lock, want/small/holding masks, token owner hints,
  *                   g*40960              the gathering counter and its peak, the grant log
@@ -36,6 +37,12 @@
  *   - round robin: among waiting slots, the one served least recently goes first; once per
  *     NB_QUANTUM_NS in the group, one holder yields to a slot holding fewer tokens (so the odd
  *     token of an uneven split goes round without every holder letting go at once).
+ *   - decode CPUs: where the header names D of a group's tokens for decode-size jobs (engramd
+ *     --decode-cpus), a prefill-size job takes no token that would leave fewer than D free, so that
+ *     many tokens are always there for a decode call.  Its CPUs go with them: each pool runs its
+ *     prefill-size jobs on a crew of threads kept off the group's D decode CPUs (_prefill_crew.h),
+ *     so a decode call's woken workers find idle CPUs there instead of queueing behind prefill
+ *     holders of equal priority (docs/BENCHMARKS.md, "Decode beside prefill ... where the wait is");
  * Waiters sleep on their slot's futex word (bounded: NB_WAIT_NS) and a release wakes the slot
  * that is next.  A slot that has waited NB_STARVE_NS holding nothing (a peer keeps the tokens
  * locked) gathers without a token for NB_OVERDRAFT_NS, counted: no peer stalls a rank for longer.
@@ -81,15 +88,18 @@
 #define NB_CREW_STALL_NS 3000000LL      /* a crew thread holding a token, not seen running this long, is off its CPU */
 #define NB_CREW_SEEN_NS 100000LL       /* a running crew thread holding a token says so this often */
 #define NB_FLAG_PREFILL_IDLE 1u        /* the header's flags: prefill-size jobs go to the pools' crews (_prefill_crew.h) */
+#define NB_FLAG_NO_SPARES 2u           /* ... and no crew has spares on the decode CPUs (engramd --decode-spares off) */
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
 #define NB_STAND_IN (-3)               /* a decode-size job gathered in place of a crew thread off its CPU */
+#define NB_SPARE (-4)                  /* a spare of the crew, at SCHED_IDLE on the decode CPUs: gathers without a token */
 
 typedef struct {
     uint64_t magic;
     uint32_t version, file_bytes, groups, slots, small_rows, flags;  /* flags: NB_FLAG_*, a hint to ranks, which
                                                                           take the rest from the daemon's announcement */
     uint32_t tokens[NB_MAX_GROUPS];
+    uint32_t decode[NB_MAX_GROUPS];        /* of each group's tokens, those kept for decode-size jobs */
 } NbHeader;
 
 typedef struct {
@@ -127,6 +137,7 @@ _Static_assert(sizeof(NbGroup) <= NB_GROUP_BYTES, "group record too large");
 typedef struct NodeBudget {
     uint8_t *map;
     int fd, group, slot, tokens, slots, small_rows;
+    int decode;                            /* the header's decode tokens of our group, read at open, < tokens */
     uint32_t flags;                        /* the header's, as read at open (a peer cannot change them after) */
     uint64_t bit;
     NbGroup *g;
@@ -258,6 +269,7 @@ static int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
     NbGroup *g = b->g;
     int free = b->tokens - nb_held_total(b);
     if (free <= 0) return 0;
+    if (!small && free <= b->decode) return 0;  /* the decode tokens: never taken by a prefill-size job */
     uint64_t others = atomic_load(&g->want_mask) & ~b->bit;
     if (b->slots < 64) others &= (1ULL << b->slots) - 1;
     if (!others) return 1;
@@ -285,7 +297,9 @@ static int nb_next_waiter(const NodeBudget *b) {
     uint64_t want = atomic_load(&g->want_mask), small = atomic_load(&g->small_mask) & want;
     uint64_t pool = small ? small : want;
     if (b->slots < 64) pool &= (1ULL << b->slots) - 1;
-    if (small && b->tokens >= NB_FLOOR_MIN_TOKENS)  /* a prefill holding nothing: its floor first */
+    /* A prefill holding nothing: its floor first, unless what is free is the decode tokens (it could
+     * not take one, and the decode-size waiter would sleep until its next look). */
+    if (small && b->tokens >= NB_FLOOR_MIN_TOKENS && b->tokens - nb_held_total(b) > b->decode)
         for (uint64_t m = want & ~small; m; m &= m - 1) {
             int i = __builtin_ctzll(m);
             if (i < b->slots && atomic_load(&nb_slot(b, i)->held) == 0) return i;

@@ -54,7 +54,8 @@ static void worker_release(NodeBudget *b, int tok, int yielded, int crew) {
     nb_release(b, tok, yielded);
 }
 
-/* The worker loop of a pool on a budget (the hook in worker_main), and of its prefill crew.  A worker
+/* The worker loop of a pool on a budget (the hook in worker_main), of its prefill crew (crew 1) and of
+ * the crew's spares (crew 2: no token, see _prefill_crew.h).  A worker
  * without a token sleeps; it takes one when jobs are listed (or, to answer a pre-wake, when nobody
  * else wants one), gathers while it holds it, yields it at block boundaries when the budget says so,
  * and after its last job lingers, holding it, only while nobody else waits.  The crew serves its own
@@ -87,6 +88,8 @@ static void *budget_worker_main(Pool *pool, int crew) {
                 answered = atomic_load(&pool->spin_until);
                 linger_until = answered;
                 if ((tok = nb_try(b, 1, 1)) == NB_NONE) continue;
+            } else if (crew == 2) {
+                tok = NB_SPARE;  /* a spare gathers without a token, at SCHED_IDLE (_prefill_crew.h) */
             } else if ((tok = nb_acquire(b, small, crew ? nb_crew_has_work : nb_pool_has_work, pool)) == NB_NONE) {
                 continue;
             }
@@ -102,7 +105,7 @@ static void *budget_worker_main(Pool *pool, int crew) {
                 int small = job->n <= b->small_rows, yielded = 0;
                 int64_t blocks = 0;
                 while (budget_take_block(b, job, tok >= 0, small)) {
-                    if (crew) nb_crew_seen(b);
+                    if (crew && tok >= 0) nb_crew_seen(b);
                     if ((yielded = nb_should_yield(b, tok, small, ++blocks))) break;
                 }
                 job_leave(job);  /* the last worker off a signalled job ends its run (_stream_signal.h) */

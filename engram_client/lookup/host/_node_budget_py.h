@@ -7,12 +7,19 @@ typedef struct {
 } NodeBudgetObject;
 
 static int budget_init(NodeBudgetObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"fd", "group", "tokens", "slots", "small_rows", NULL};
-    int fd, group, tokens, slots, small_rows = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiii|i", names, &fd, &group, &tokens, &slots, &small_rows)) return -1;
+    static char *names[] = {"fd", "group", "tokens", "slots", "small_rows", "decode", NULL};
+    int fd, group, tokens, slots, small_rows = 0, decode = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiii|ii", names, &fd, &group, &tokens, &slots, &small_rows,
+                                     &decode))
+        return -1;
     if (self->b) return 0;
     self->b = nb_open(fd, group, tokens, slots, small_rows);
-    return self->b ? 0 : -1;
+    if (!self->b) return -1;
+    /* The decode tokens as the daemon announced them (the header is memory every rank may write, so
+     * it is read only where no announcement came), once: at least one token stays for prefill. */
+    uint32_t kept = decode >= 0 ? (uint32_t)decode : ((const NbHeader *)self->b->map)->decode[group];
+    self->b->decode = kept < (uint32_t)tokens ? (int)kept : tokens - 1;
+    return 0;
 }
 
 static void budget_dealloc(NodeBudgetObject *self) {
@@ -33,6 +40,7 @@ static PyObject *budget_stats(NodeBudgetObject *self, PyObject *unused) {
     NB_ITEM(d, "slot", PyLong_FromLong(b->slot));
     NB_ITEM(d, "group", PyLong_FromLong(b->group));
     NB_ITEM(d, "tokens", PyLong_FromLong(b->tokens));
+    NB_ITEM(d, "decode_tokens", PyLong_FromLong(b->decode));
     NB_ITEM(d, "held", PyLong_FromLong(atomic_load(&s->held)));
     NB_ITEM(d, "rows", PyLong_FromUnsignedLongLong(atomic_load(&s->rows)));
     NB_ITEM(d, "wait_s", PyFloat_FromDouble((double)atomic_load(&s->wait_ns) * 1e-9));
@@ -123,6 +131,10 @@ static PyObject *budget_get_small_rows(NodeBudgetObject *self, void *unused) {
     return PyLong_FromLong(self->b ? self->b->small_rows : 0);
 }
 
+static PyObject *budget_get_decode_tokens(NodeBudgetObject *self, void *unused) {
+    return PyLong_FromLong(self->b ? self->b->decode : 0);
+}
+
 static PyObject *budget_get_prefill_idle(NodeBudgetObject *self, void *unused) {
     return PyBool_FromLong(self->b && (self->b->flags & NB_FLAG_PREFILL_IDLE));
 }
@@ -156,6 +168,8 @@ static PyGetSetDef budget_getset[] = {
     {"group", (getter)budget_get_group, NULL, "the group (NUMA node's CPUs) it draws on", NULL},
     {"tokens", (getter)budget_get_tokens, NULL, "tokens of that group", NULL},
     {"small_rows", (getter)budget_get_small_rows, NULL, "jobs of at most this many rows go first", NULL},
+    {"decode_tokens", (getter)budget_get_decode_tokens, NULL,
+     "of the group's tokens, those a prefill-size job never takes (the daemon's --decode-cpus)", NULL},
     {"prefill_idle", (getter)budget_get_prefill_idle, NULL,
      "whether the daemon asks for prefill-size jobs to be gathered at SCHED_IDLE (--prefill-gathers idle)", NULL},
     {NULL}};
@@ -176,8 +190,11 @@ static PyTypeObject NodeBudgetType = {
 
 
 static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused);
+static PyObject *pool_get_prefill_spares(PoolObject *self, void *unused);
 #define NB_POOL_GETSETS {"prefill_crew", (getter)pool_get_prefill_crew, NULL, \
-    "(threads, errno): the crew at SCHED_IDLE that gathers prefill-size jobs, and why it did not start (0: it did or was not asked)", NULL},
+    "(threads, errno): the crew that gathers prefill-size jobs (at SCHED_IDLE, or off the decode CPUs), and why it did not start (0: it did or was not asked)", NULL}, \
+    {"prefill_spares", (getter)pool_get_prefill_spares, NULL, \
+    "(threads, CPUs): the crew's spares at SCHED_IDLE on the decode CPUs, and the decode CPUs it keeps off (empty: none)", NULL},
 #define NB_POOL_METHODS {"set_budget", (PyCFunction)pool_set_budget, METH_O, \
     "set_budget(budget) -> whether the pool now draws on it (a pool started on a budget only)."},
 
@@ -227,6 +244,18 @@ static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused) {
     return Py_BuildValue("(ii)", pool ? atomic_load(&pool->ncrew) : 0, pool ? pool->crew_error : 0);
 }
 
+static PyObject *pool_get_prefill_spares(PoolObject *self, void *unused) {
+    Pool *pool = self->pool;
+    PyObject *cpus = PyList_New(0);
+    for (int c = 0; cpus && pool && pool->crew_split && c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &pool->decode_pin)) {
+            PyObject *n = PyLong_FromLong(c);
+            if (!n || PyList_Append(cpus, n) < 0) Py_CLEAR(cpus);
+            Py_XDECREF(n);
+        }
+    return cpus ? Py_BuildValue("(iN)", pool ? pool->crew_spares : 0, cpus) : NULL;
+}
+
 static PyObject *pool_get_budgeted(PoolObject *self, void *unused) {
     return PyBool_FromLong(self->pool && self->pool->budget);
 }
@@ -238,7 +267,8 @@ static int nb_add_to_module(PyObject *module) {
            PyModule_AddIntConstant(module, "BUDGET_MAX_SLOTS", NB_MAX_SLOTS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_MAX_GROUPS", NB_MAX_GROUPS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ||
-           PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ? -1 : 0;
+           PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ||
+           PyModule_AddIntConstant(module, "BUDGET_FLAG_NO_SPARES", NB_FLAG_NO_SPARES) < 0 ? -1 : 0;
 }
 
 /* GatherPool's budget and cpus arguments: the budget (or NULL) and the CPUs to pin to; as nb_parse_cpus. */

@@ -14,15 +14,31 @@
  * priority on the same cores, the crew gathers only in the time they leave, and a crew thread
  * holding a token may not run for seconds: decode-size waiters then stand in for it
  * (nb_stand_in, _node_budget_tokens.h), which is why a crew thread says it runs (nb_crew_seen).
+ *
+ * Where the budget keeps decode CPUs instead (engramd --decode-cpus, the header's decode count D),
+ * the crew runs at normal priority, pinned to the pool's CPUs less the D highest of them (the
+ * daemon names the same ones: the group's last D), and the token rule keeps it to tokens - D
+ * tokens.  So no prefill gather of normal priority runs on a decode CPU, and a decode call's woken
+ * workers (pinned to every gather CPU) land there at once: the kernel places a waking thread on an
+ * idle CPU, and one that runs only SCHED_IDLE threads counts as idle.  To keep prefill
+ * work-conserving, D spares at SCHED_IDLE pinned to the decode CPUs gather the crew's jobs while
+ * those CPUs are otherwise free (none where the budget says --decode-spares off).  Spares hold no
+ * token: a decode-size waiter never waits for one (a stand-in would come only after
+ * NB_CREW_STALL_NS, too late for decode), so the group's count of
+ * gathering threads may exceed its tokens by the spares, which take no CPU from any thread of
+ * normal priority.  Their price: a block a spare took when a thread of normal priority wanted its
+ * CPU waits for it, so a prefill call's last block may come late beside a busy decode CPU.
  */
 
 /* Whether `job` (being listed; pool lock held) goes to the crew. */
 static int crew_takes(Pool *pool, const Job *job) {
     NodeBudget *b = atomic_load(&pool->budget);
-    return b && atomic_load(&pool->ncrew) > 0 && (b->flags & NB_FLAG_PREFILL_IDLE) && job->n > b->small_rows;
+    return b && atomic_load(&pool->ncrew) > 0 && job->n > b->small_rows &&
+           ((b->flags & NB_FLAG_PREFILL_IDLE) || (pool->crew_split && b->decode > 0));
 }
 
 static void *crew_main(void *arg) { return budget_worker_main(arg, 1); }
+static void *spare_main(void *arg) { return budget_worker_main(arg, 2); }
 
 static void crew_join(Pool *pool) {
     atomic_store(&pool->ncrew, 0);  /* nothing is listed for it any more */
@@ -33,24 +49,63 @@ static void crew_join(Pool *pool) {
     pool->crew_started = 0;
 }
 
-/* Start the crew if the pool's budget asks for one and it has none: as many threads as the pool was
- * asked for (a prefill job's caller does not gather beside them).  0, or an errno: nothing started
- * (pool->crew_error keeps it, for the client to say why its prefill gathers at normal priority). */
+#define CREW_MAX_SPARES 64
+
+/* Split the pool's CPUs for a budget with `decode` decode tokens: the highest `decode` of them go to
+ * `spares` (the decode CPUs), the rest to `crew`.  The number of decode CPUs; 0 where there is no
+ * split (not pinned, no decode tokens, or no CPU would be left for the crew). */
+static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *spares) {
+    *crew = pool->pin;
+    CPU_ZERO(spares);
+    if (!pool->pinned || decode <= 0 || CPU_COUNT(crew) <= decode) return 0;
+    int found = 0;
+    for (int c = CPU_SETSIZE - 1; c >= 0 && found < decode && found < CREW_MAX_SPARES; c--)
+        if (CPU_ISSET(c, crew)) {
+            CPU_CLR(c, crew);
+            CPU_SET(c, spares);
+            found++;
+        }
+    return found;
+}
+
+/* Start the crew the pool's budget asks for: as many threads as the pool was asked for (a prefill
+ * job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers idle), or at normal
+ * priority off the decode CPUs plus one spare per decode CPU.  A crew of another kind (the pool
+ * moved to a new daemon's budget with another rule) is joined first; one that the new budget does
+ * not use stays, idle.  0, or an errno: nothing started (pool->crew_error keeps it, for the client
+ * to say why its prefill gathers at normal priority beside decode calls). */
 static int crew_start(Pool *pool) {
     NodeBudget *b = atomic_load(&pool->budget);
-    if (!b || !(b->flags & NB_FLAG_PREFILL_IDLE) || pool->crew_started || atomic_load(&pool->ncrew) ||
-        atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
+    if (!b || atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
         return 0;
+    int idle = (b->flags & NB_FLAG_PREFILL_IDLE) != 0;
+    cpu_set_t crew_pin = pool->pin, decode_pin;
+    CPU_ZERO(&decode_pin);
+    int split = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &decode_pin);
+    int spares = b->flags & NB_FLAG_NO_SPARES ? 0 : split;
+    if (!idle && !split) return 0;
+    if (pool->crew_started) {
+        if (pool->crew_idle == idle && pool->crew_split == split && pool->crew_spares == spares &&
+            CPU_EQUAL(&decode_pin, &pool->decode_pin))
+            return 0;  /* the crew this budget asks for runs already */
+        atomic_store(&pool->crew_quit, 1);
+        crew_join(pool);
+    }
+    pool->decode_pin = decode_pin, pool->crew_split = pool->crew_spares = 0, pool->crew_idle = idle;
     int n = pool->threads_asked, err = 0;
-    if (!pool->crew && !(pool->crew = calloc((size_t)n, sizeof(pthread_t)))) return pool->crew_error = ENOMEM;
+    if (!pool->crew && !(pool->crew = calloc((size_t)n + CREW_MAX_SPARES, sizeof(pthread_t))))
+        return pool->crew_error = ENOMEM;
     atomic_store(&pool->crew_quit, 0);
-    struct sched_param idle = {0};
-    for (int i = 0; i < n && !err; i++) {
-        if ((err = pthread_create(&pool->crew[i], NULL, crew_main, pool)) != 0) break;
+    struct sched_param idle_param = {0};
+    for (int i = 0; i < n + spares && !err; i++) {
+        int spare = i >= n;
+        if ((err = pthread_create(&pool->crew[i], NULL, spare ? spare_main : crew_main, pool)) != 0) break;
         pool->crew_started = i + 1;
-        pthread_setname_np(pool->crew[i], "engram-prefill");  /* how tests and operators count them */
-        if (pool->pinned) pthread_setaffinity_np(pool->crew[i], sizeof pool->pin, &pool->pin);
-        err = pthread_setschedparam(pool->crew[i], SCHED_IDLE, &idle);  /* lowering needs no privilege, but a sandbox may refuse */
+        pthread_setname_np(pool->crew[i], spare ? "engram-spare" : "engram-prefill");  /* how tests and operators count them */
+        if (spare) pthread_setaffinity_np(pool->crew[i], sizeof pool->decode_pin, &pool->decode_pin);
+        else if (pool->pinned) pthread_setaffinity_np(pool->crew[i], sizeof crew_pin, idle ? &pool->pin : &crew_pin);
+        if (idle || spare)  /* lowering needs no privilege, but a sandbox may refuse */
+            err = pthread_setschedparam(pool->crew[i], SCHED_IDLE, &idle_param);
     }
     if (err) {
         atomic_store(&pool->crew_quit, 1);
@@ -58,6 +113,7 @@ static int crew_start(Pool *pool) {
         return pool->crew_error = err;
     }
     pool->crew_error = 0;
+    pool->crew_split = split, pool->crew_spares = spares;
     atomic_store(&pool->ncrew, n);  /* from now on, prefill jobs are listed for the crew */
     return 0;
 }

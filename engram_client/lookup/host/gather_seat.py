@@ -131,9 +131,11 @@ class GatherSeat:
         return self.pool
 
     def _say_prefill_crew(self) -> None:
-        """Say what the daemon's --prefill-gathers rule means for this pool (again after a move to
-        another daemon's budget)."""
+        """Say what the daemon's --prefill-gathers and --decode-cpus rules mean for this pool (again
+        after a move to another daemon's budget)."""
         self.prefill_words = ""
+        if self.budget is not None and not self.budget.prefill_idle and self.budget.decode_tokens:
+            self.prefill_words = self._decode_cpu_words()
         if self.budget is not None and self.budget.prefill_idle:
             threads, error = self.pool.prefill_crew
             if threads:
@@ -147,6 +149,23 @@ class GatherSeat:
                 log.warning("engram_client: %s", words)
                 self.prefill_words = "; " + words
 
+    def _decode_cpu_words(self) -> str:
+        """What the daemon's decode CPUs (--decode-cpus) mean for this pool."""
+        decode = self.budget.decode_tokens
+        threads, error = self.pool.prefill_crew
+        spares, cpus = self.pool.prefill_spares
+        if threads:
+            there = f"{_n(spares, 'spare')} at SCHED_IDLE there" if spares else "no spares there (--decode-spares off)"
+            return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus): its "
+                    f"prefill-size calls are gathered by {_n(threads, 'thread')} kept off the decode CPUs "
+                    f"{format_cpus(cpus)}, with {there}")
+        if error:
+            log.warning("engram_client: this process may not start the prefill crew's spares at SCHED_IDLE (%s): its "
+                        "prefill gathers also run on the decode CPUs", os.strerror(error))
+        why = os.strerror(error) if error else "its workers are not pinned, or pinned to too few CPUs"
+        return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus), but this pool's "
+                f"prefill-size calls run on every CPU it is pinned to ({why})")
+
 
 def _open_budget(spec: dict, group: dict, timeout: float):
     from .host_lookup import _host_gather  # host_lookup gives the C module the project's error classes
@@ -154,7 +173,7 @@ def _open_budget(spec: dict, group: dict, timeout: float):
     fd = budget_file.receive(spec["socket"], timeout)
     try:  # as the daemon announced it: the budget's header is memory every rank may write
         return _host_gather.NodeBudget(fd, group["group"], group["tokens"], spec["slots"],
-                                       small_rows=spec.get("small_rows", 0))
+                                       small_rows=spec.get("small_rows", 0), decode=group.get("decode_tokens", -1))
     finally:
         os.close(fd)
 

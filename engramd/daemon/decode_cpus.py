@@ -1,0 +1,63 @@
+"""Decode CPUs: the few CPUs of each budget group where no prefill gather of normal priority runs.
+
+    --decode-cpus auto | N      (default auto: one per 8 tokens, rounded up, in a group of 4 or more)
+
+A rank's decode-size lookup beside prefilling neighbours waits for a CPU, not for a token: its
+woken workers land on cores where prefill token holders of equal priority gather (docs/BENCHMARKS.md,
+"Decode beside prefill, the host stage on the CPU: where the wait is").  For each group the budget's
+header names D tokens that a prefill-size job never takes, and each rank runs its prefill gathers on
+a crew kept off the group's last D CPUs (engram_client/lookup/host/_prefill_crew.h), so a decode
+call finds D idle CPUs and D free tokens at once; its first workers there ask for tokens, and the
+prefill holders elsewhere give theirs back at their next block boundary (small calls first).
+
+Why one per 8: D CPUs are what prefill loses while nobody decodes, less what the crew's spares at
+SCHED_IDLE gather there; one decode CPU is enough to start a decode call at once, and its other
+workers follow on the CPUs the prefill holders give back.  A group under 4 tokens keeps none: one
+of 2 or 3 CPUs is too large a share to take from prefill by default (give N to try).  With
+--prefill-gathers idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is
+refused.  --decode-spares off (a flag of the budget's header) starts no spares: the decode CPUs
+then run decode-size gathers alone, and a prefill never waits for a block a spare took while a
+thread of normal priority had its CPU.  Owns no state: the daemon's budget (gather_budget.py)
+writes what this plans.
+"""
+from __future__ import annotations
+
+import math
+
+from engram_client.core.errors import ConfigError
+
+AUTO = "auto"
+TOKENS_PER_DECODE_CPU = 8
+MIN_TOKENS = 4  # a group of fewer tokens keeps no decode CPU by default
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a malformed --decode-cpus at once (the groups are checked when the budget is planned)."""
+    if spec == AUTO:
+        return
+    if not spec.isdigit():
+        raise ConfigError(f"--decode-cpus {spec!r}: give 'auto' or a number of CPUs per budget group (0: none)")
+
+
+def decode_counts(tokens: list[int], spec: str, prefill_gathers: str = "normal") -> list[int]:
+    """Decode tokens for groups of ``tokens`` under --decode-cpus ``spec``."""
+    check_spec(spec)
+    if spec == AUTO:
+        if prefill_gathers == "idle":
+            return [0] * len(tokens)
+        return [math.ceil(t / TOKENS_PER_DECODE_CPU) if t >= MIN_TOKENS else 0 for t in tokens]
+    count = int(spec)
+    if count and prefill_gathers == "idle":
+        raise ConfigError(f"--decode-cpus {count} with --prefill-gathers idle: the idle crew already leaves every "
+                          "CPU to decode calls; give one of them")
+    for group, size in enumerate(tokens):
+        if count >= size:
+            raise ConfigError(f"--decode-cpus {count}: group {group} of the gather budget has {size} tokens "
+                              f"(CPUs); at least one must be left for prefill-size gathers")
+    return [count] * len(tokens)
+
+
+def decode_cpus(cpus: tuple[int, ...], count: int) -> list[int]:
+    """Which of a group's CPUs are its decode CPUs: the last ``count`` (a rank's crew leaves out the
+    highest ``count`` it is pinned to, the same ones where it may use the whole group)."""
+    return sorted(cpus)[len(cpus) - count:] if count else []
