@@ -34,7 +34,7 @@ from engram_client import EngramClient
 from engram_client.lookup.uva.hot_rows import HotRowCache
 from engram_client.core.demo_rows import demo_vocab_for_table_bytes
 from engram_client.core.layout import QUANT_BLOCK
-from engram_client.tools.serve_process import launch_serve
+from engram_client.tools.serve_process import launch_serve, wait_for_socket
 from engram_client.lookup.dequant import dequantize_rows, scale_factors
 
 from .bench_ids import SIZES, IdSampler
@@ -198,6 +198,7 @@ def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = (
     vocab = demo_vocab_for_table_bytes(int(table_gib * 2**30))
     endpoint = f"ipc://{socket_dir}/engramd.sock"
     proc = launch_serve(endpoint, shm_dir, "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads), *extra)
+    wait_for_socket(proc, endpoint)  # the callers attach at once, and a client refuses a missing socket
     return proc, endpoint, shm_dir
 
 

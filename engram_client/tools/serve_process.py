@@ -9,8 +9,10 @@ holds the clone, ``engramd/``) or from any directory holding an ``engramd/`` or
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from typing import IO
 
 # The interpreter and flags every child the tools start runs with: nothing from the cwd on sys.path.
@@ -30,3 +32,19 @@ def launch_serve(endpoint: str, shm_dir: str, *extra: str, log_level: str = "war
     """Start the daemon; its stdout and stderr go to ``output`` (default: inherited)."""
     return subprocess.Popen(serve_command(endpoint, shm_dir, *extra, log_level=log_level, allow_disk=allow_disk),
                             stdout=output, stderr=subprocess.STDOUT if output is not None else None, env=env)
+
+
+def wait_for_socket(proc: subprocess.Popen, endpoint: str, timeout: float = 120.0) -> None:
+    """Return once the daemon ``proc`` has bound its ``ipc://`` socket (it binds before it loads).
+
+    A client refuses a missing socket file at once (no daemon there), so whoever starts a daemon
+    and attaches right after waits for the file first; RuntimeError if the daemon exits or has not
+    bound within ``timeout`` seconds."""
+    path = endpoint[len("ipc://"):]
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise RuntimeError(f"engramd serve exited with code {proc.returncode} before binding {endpoint}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"engramd serve did not bind {endpoint} within {timeout:.0f} s")
+        time.sleep(0.05)
