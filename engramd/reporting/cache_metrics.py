@@ -1,5 +1,5 @@
 """Each client's HBM row cache as Prometheus gauges, as its heartbeats report it (status["clients"][i]["cache"],
-engramd/daemon/cache_report.py): hits, misses, rows fetched from host memory, HBM bytes, rows held."""
+engramd/reporting/cache_report.py): hits, misses, rows fetched from host memory, HBM bytes, rows held."""
 from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily

@@ -16,8 +16,10 @@ import logging
 import os
 
 from engram_client import IntegrationError
+from engram_client.core.variables import SGLANG
+from engram_client.integrations.switch import switched_on
 
-ENABLE_VARIABLE = "ENGRAMD_SGLANG"
+ENABLE_VARIABLE = SGLANG
 SWITCH_OFF = f"Unset {ENABLE_VARIABLE} to let SGLang load its own Engram tables"
 
 log = logging.getLogger("engram_client.integrations.sglang")
@@ -35,14 +37,8 @@ _explained: set[str] = set()
 
 
 def enabled() -> bool:
-    """Whether ``ENGRAMD_SGLANG`` asks for the plugin; any value but 1, 0 or empty is refused."""
-    value = os.environ.get(ENABLE_VARIABLE, "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
-    raise IntegrationError(f"{ENABLE_VARIABLE}={value!r}: set it to 1 to serve SGLang's Engram tables from "
-                           "engramd, or unset it (or 0) to leave SGLang as it is")
+    """Whether ``ENGRAMD_SGLANG`` asks for the plugin (switch.py: any value but 1, 0 or empty is refused)."""
+    return switched_on(ENABLE_VARIABLE, "SGLang")
 
 
 def explain_knobs(envs) -> None:

@@ -11,10 +11,8 @@ environment that also starts vLLM for something else.
 """
 from __future__ import annotations
 
-import os
-
-from engram_client import IntegrationError
 from engram_client.core.variables import VLLM
+from engram_client.integrations.switch import switched_on
 
 ENABLE_VARIABLE = VLLM
 # A daemon that answers nothing within this is reported at once (not started, wrong socket)...
@@ -24,11 +22,5 @@ READY_TIMEOUT_S = 1800.0
 
 
 def enabled() -> bool:
-    """Whether ``ENGRAMD_VLLM`` asks for the plugin; any value but 1, 0 or empty is refused."""
-    value = os.environ.get(ENABLE_VARIABLE, "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
-    raise IntegrationError(f"{ENABLE_VARIABLE}={value!r}: set it to 1 to serve vLLM's Engram tables from engramd, "
-                           "or unset it (or 0) to leave vLLM as it is")
+    """Whether ``ENGRAMD_VLLM`` asks for the plugin (switch.py: any value but 1, 0 or empty is refused)."""
+    return switched_on(ENABLE_VARIABLE, "vLLM")

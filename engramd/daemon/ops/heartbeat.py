@@ -1,7 +1,7 @@
 """The heartbeat operation: a rank renews its lease."""
 from __future__ import annotations
 
-from ..cache_report import cache_report
+from ...reporting.cache_report import cache_report
 from ..gather_budget import client_report
 from .args import arg
 

@@ -5,7 +5,7 @@
 hits and misses count lookups of rows (a hit is served from HBM, a miss from host memory),
 fetched the rows moved from host memory, bytes the cache's HBM, fixed_rows and recent_rows
 the rows its fixed part (the served hot-row list) and its recency part hold now.  All zeros
-when the client's cache is off.  Checked as the ``budget`` counters are (gather_budget.py):
+when the client's cache is off.  Checked as the ``budget`` counters are (engramd/daemon/gather_budget.py):
 known names only, ints in [0, 2**63); anything else is a ProtocolError reply, never kept.
 """
 from __future__ import annotations
