@@ -7,6 +7,7 @@ kernel names them (SO_PEERCRED), never by the ``pid`` a client writes in ``attac
 from __future__ import annotations
 
 import grp
+import os
 import subprocess
 import sys
 
@@ -43,9 +44,10 @@ def test_one_process_cannot_take_every_lease(daemon_factory):
         assert daemon.status()["clients_total"] == 65
 
 
-def test_one_users_processes_leave_leases_for_another_users_ranks(daemon_factory, other_user):
+def test_one_users_processes_leave_leases_for_another_users_ranks(daemon_factory, other_user, socket_dir):
     """65 processes of one user, 64 leases each, would be every lease; a user gets 1,024."""
     group = grp.getgrgid(other_user.gid).gr_name
+    os.chmod(socket_dir, 0o711)  # --group G re-modes only a socket directory the daemon creates: let G pass this one
     daemon = daemon_factory("--lease-seconds", "120", "--group", group)
     daemon.wait_state("ready")
     assert hog(daemon.endpoint, 65, 4, 16, user=other_user) == 1024
