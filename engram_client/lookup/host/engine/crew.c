@@ -1,5 +1,5 @@
-/* The prefill crew: a pool's threads at SCHED_IDLE that gather only prefill-size jobs (included by
- * _host_gather.c after _node_budget.h).
+/* The prefill crew: a pool's threads that gather only prefill-size jobs, at SCHED_IDLE or off the
+ * decode CPUs.
  *
  * Beside ranks that prefill, a decode-size lookup loses its time waiting for a CPU, not for a
  * token: its workers wake up runnable behind the prefill gatherers on the same cores (on the H200
@@ -13,7 +13,7 @@
  * count of gathering threads still holds.  What it costs: beside CPU-bound threads of normal
  * priority on the same cores, the crew gathers only in the time they leave, and a crew thread
  * holding a token may not run for seconds: decode-size waiters then stand in for it
- * (nb_stand_in, _node_budget_tokens.h), which is why a crew thread says it runs (nb_crew_seen).
+ * (nb_stand_in, budget_tokens.c), which is why a crew thread says it runs (nb_crew_seen).
  *
  * Where the budget keeps decode CPUs instead (engramd --decode-cpus, the header's decode count D),
  * the crew runs at normal priority, pinned to the pool's CPUs less the D highest of them (the
@@ -28,26 +28,18 @@
  * gathering threads may exceed its tokens by the spares, which take no CPU from any thread of
  * normal priority.  Their price: a block a spare took when a thread of normal priority wanted its
  * CPU waits for it, so a prefill call's last block may come late beside a busy decode CPU.
+ *
+ * Owns: starting the crew and its spares, and where they run (crew_split).  Which job goes to the
+ * crew is a budget rule (crew_takes, budget_pool.c); the pool joins the crew as it joins its workers
+ * (crew_join, pool.c).  May call: the pool (pool.h), budget_pool.c's worker loop.  Must never: raise
+ * the priority of a thread (a crew at SCHED_IDLE stays there), or fail the pool when a sandbox
+ * refuses SCHED_IDLE (crew_error says why, the client reports it).  Runs with the GIL released.
  */
-
-/* Whether `job` (being listed; pool lock held) goes to the crew. */
-static int crew_takes(Pool *pool, const Job *job) {
-    NodeBudget *b = atomic_load(&pool->budget);
-    return b && atomic_load(&pool->ncrew) > 0 && job->n > b->small_rows &&
-           ((b->flags & NB_FLAG_PREFILL_IDLE) || (pool->crew_split && b->decode > 0));
-}
+#include "crew.h"
+#include "budget_pool.h"
 
 static void *crew_main(void *arg) { return budget_worker_main(arg, 1); }
 static void *spare_main(void *arg) { return budget_worker_main(arg, 2); }
-
-static void crew_join(Pool *pool) {
-    atomic_store(&pool->ncrew, 0);  /* nothing is listed for it any more */
-    pthread_mutex_lock(&pool->lock);
-    pthread_cond_broadcast(&pool->lists[CREW].wake);
-    pthread_mutex_unlock(&pool->lock);
-    for (int i = 0; i < pool->crew_started; i++) pthread_join(pool->crew[i], NULL);
-    pool->crew_started = 0;
-}
 
 #define CREW_MAX_SPARES 64
 
@@ -74,7 +66,7 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
  * moved to a new daemon's budget with another rule) is joined first; one that the new budget does
  * not use stays, idle.  0, or an errno: nothing started (pool->crew_error keeps it, for the client
  * to say why its prefill gathers at normal priority beside decode calls). */
-static int crew_start(Pool *pool) {
+int crew_start(Pool *pool) {
     NodeBudget *b = atomic_load(&pool->budget);
     if (!b || atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
         return 0;
