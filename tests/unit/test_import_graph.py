@@ -6,6 +6,9 @@ cannot be understood, or moved, apart.  A folder states its rules in its __init_
 one place they are written: a paragraph "Must not import: ``a.b``, ``c``" (no module inside the folder
 imports a or c, or anything inside them) and "Imported only by: ``d``" (no module outside the folder
 and outside d imports it).
+
+The host gather engine's C units are held to the same: no circle among their includes, and none
+running up the layering that engine/common.h states.
 """
 from __future__ import annotations
 
