@@ -68,21 +68,6 @@ int nb_held_total(const NodeBudget *b) {
     return total;
 }
 
-/* Tokens the group's prefill crews hold (each slot's crew_held, bounded as nb_held_total bounds held). */
-int nb_crew_held_total(const NodeBudget *b) {
-    uint64_t mask = atomic_load(&b->g->holding_mask);
-    int total = 0;
-    while (mask) {
-        int i = __builtin_ctzll(mask);
-        mask &= mask - 1;
-        if (i < b->slots) {
-            int h = atomic_load(&nb_slot(b, i)->crew_held);
-            total += h > 0 && h <= b->tokens ? h : 0;
-        }
-    }
-    return total;
-}
-
 int nb_fair(const NodeBudget *b) {
     uint64_t active = atomic_load(&b->g->want_mask) | atomic_load(&b->g->holding_mask) | b->bit;
     if (b->slots < 64) active &= (1ULL << b->slots) - 1;

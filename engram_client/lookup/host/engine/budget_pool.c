@@ -62,37 +62,6 @@ static inline int thread_quits(Pool *pool, int crew) {  /* the pool closes, or (
     return atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit));
 }
 
-/* Whether this worker is one of the pool's first `decode` (those crew.c pinned to the decode CPUs). */
-static int is_decode_worker(const Pool *pool, int decode) {
-    for (int i = 0; i < decode; i++)
-        if (pthread_equal(pthread_self(), pool->threads[i])) return 1;
-    return 0;
-}
-
-/* Whether this worker leaves decode-size jobs (and pre-wakes, and watching) to the workers on the
- * decode CPUs: while the group's prefill crews hold more than half of the CPUs they may use, a
- * worker woken on one of those would queue behind a crew thread of equal priority while holding a
- * block of the job.  Where the crews hold less, CPUs there are idle and every worker helps (one
- * rank alone, or decoding ranks beside one prefill at its fair share).  A peer that overstates its
- * crew's tokens only narrows decode-size jobs to the decode CPUs: the tokens stay the budget's. */
-static int workers_stand_back(Pool *pool, NodeBudget *b) {
-    int decode = atomic_load(&pool->decode_workers);
-    return decode > 0 && !is_decode_worker(pool, decode) && 2 * nb_crew_held_total(b) > b->tokens - b->decode;
-}
-
-/* A worker standing back sleeps until the next job is listed, or 2 ms (the crews may have let go). */
-static void worker_stand_back(Pool *pool, JobList *list) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 2000000;
-    if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
-    pthread_mutex_lock(&pool->lock);
-    list->sleepers++;
-    pthread_cond_timedwait(&list->wake, &pool->lock, &until);
-    list->sleepers--;
-    pthread_mutex_unlock(&pool->lock);
-}
-
 static void worker_release(NodeBudget *b, int tok, int yielded, int crew) {
     if (crew) nb_crew_hold(b, tok, -1);
     nb_release(b, tok, yielded);
@@ -118,7 +87,7 @@ void *budget_worker_main(Pool *pool, int crew) {
                 if (!crew && spin != answered && spin > now_ns()) break;
                 /* A graph replay's job is announced by no host call: while stream signals are
                  * registered, one idle worker watches their words instead of sleeping (signal_set.c). */
-                if (!crew && !workers_stand_back(pool, b) && signals_watch(pool)) continue;
+                if (!crew && signals_watch(pool)) continue;
                 list->sleepers++;
                 pthread_cond_wait(&list->wake, &pool->lock);
                 list->sleepers--;
@@ -131,11 +100,7 @@ void *budget_worker_main(Pool *pool, int crew) {
             if (!listed) {  /* a pre-wake: be awake for the job, but only on a token nobody else wants */
                 answered = atomic_load(&pool->spin_until);
                 linger_until = answered;
-                if (workers_stand_back(pool, b) || (tok = nb_try(b, 1, 1)) == NB_NONE) continue;
-            } else if (!crew && small && workers_stand_back(pool, b)) {
-                atomic_fetch_add(&pool->stand_backs, 1);
-                worker_stand_back(pool, list);
-                continue;
+                if ((tok = nb_try(b, 1, 1)) == NB_NONE) continue;
             } else if (crew == 2) {
                 tok = NB_SPARE;  /* a spare gathers without a token, at SCHED_IDLE (crew.c) */
             } else if ((tok = nb_acquire(b, small, crew ? nb_crew_has_work : nb_pool_has_work, pool)) == NB_NONE) {

@@ -60,19 +60,6 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
     return found;
 }
 
-/* Pin the first `decode` workers (no more than the pool has) to the decode CPUs and the others to
- * all the pool's CPUs; 0: every worker on all of them.  While the crews of the group hold most of
- * its other CPUs, only those first workers gather decode-size jobs (budget_pool.c,
- * workers_stand_back): a worker woken there would queue behind a crew thread of equal priority,
- * and a block it took would wait with it (docs/BENCHMARKS.md, "Decode workers on the decode CPUs"). */
-static void workers_place(Pool *pool, int decode) {
-    if (!pool->pinned) return;  /* no CPUs named: nothing to split (crew_split says the same) */
-    int n = decode < pool->nthreads ? decode : pool->nthreads;
-    for (int i = 0; i < pool->nthreads; i++)
-        pthread_setaffinity_np(pool->threads[i], sizeof pool->pin, i < n ? &pool->decode_pin : &pool->pin);
-    atomic_store(&pool->decode_workers, n);
-}
-
 /* Start the crew the pool's budget asks for: as many threads as the pool was asked for (a prefill
  * job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers idle), or at normal
  * priority off the decode CPUs plus one spare per decode CPU.  A crew of another kind (the pool
@@ -88,10 +75,7 @@ int crew_start(Pool *pool) {
     CPU_ZERO(&decode_pin);
     int split = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &decode_pin);
     int spares = b->flags & NB_FLAG_NO_SPARES ? 0 : split;
-    if (!idle && !split) {
-        if (atomic_load(&pool->decode_workers)) workers_place(pool, 0);  /* a new daemon's budget keeps none */
-        return 0;
-    }
+    if (!idle && !split) return 0;
     if (pool->crew_started) {
         if (pool->crew_idle == idle && pool->crew_split == split && pool->crew_spares == spares &&
             CPU_EQUAL(&decode_pin, &pool->decode_pin))
@@ -118,12 +102,10 @@ int crew_start(Pool *pool) {
     if (err) {
         atomic_store(&pool->crew_quit, 1);
         crew_join(pool);
-        workers_place(pool, 0);
         return pool->crew_error = err;
     }
     pool->crew_error = 0;
     pool->crew_split = split, pool->crew_spares = spares;
-    workers_place(pool, split);
     atomic_store(&pool->ncrew, n);  /* from now on, prefill jobs are listed for the crew */
     return 0;
 }

@@ -53,7 +53,6 @@ struct Pool {
     atomic_int ncrew, crew_quit;
     int crew_started, crew_error, threads_asked, pinned, crew_idle;
     int crew_split, crew_spares;   /* decode CPUs the crew keeps off, and its spares on them */
-    atomic_int decode_workers;     /* the first of `threads`, pinned to the decode CPUs while the crew keeps off them */
     pthread_t *crew;               /* the crew, then its spares */
     cpu_set_t pin;                 /* where the workers (and the crew) run, if pinned */
     cpu_set_t decode_pin;          /* the decode CPUs among them, where the crew has spares */
@@ -63,7 +62,6 @@ struct Pool {
     pid_t pid;
     atomic_int refs;               /* the Python object and every StagedJob */
     atomic_llong jobs_run;
-    atomic_llong stand_backs;      /* decode-size jobs a worker off the decode CPUs left to those on them */
     RowCounts counts;              /* what its jobs' rows came to (gather_block) */
     pthread_t *threads;
     SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */

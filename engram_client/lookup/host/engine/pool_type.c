@@ -214,10 +214,6 @@ static PyObject *pool_get_caller_gathers(PoolObject *self, void *unused) {
     return PyBool_FromLong(self->caller_gathers);
 }
 
-static PyObject *pool_get_decode_stand_backs(PoolObject *self, void *unused) {
-    return PyLong_FromLongLong(self->pool ? atomic_load(&self->pool->stand_backs) : 0);
-}
-
 static PyObject *pool_get_jobs_run(PoolObject *self, void *unused) {
     return PyLong_FromLongLong(self->pool ? atomic_load(&self->pool->jobs_run) : 0);
 }
@@ -242,8 +238,6 @@ static PyGetSetDef pool_getset[] = {
     {"threads", (getter)pool_get_threads, NULL, "threads that gather, the caller's included", NULL},
     {"closed", (getter)pool_get_closed, NULL, "whether the workers are gone (closed, or a forked child)", NULL},
     {"jobs_run", (getter)pool_get_jobs_run, NULL, "jobs finished so far", NULL},
-    {"decode_stand_backs", (getter)pool_get_decode_stand_backs, NULL,
-     "times a worker off the decode CPUs left a decode-size job to those on them (the group's crews were busy)", NULL},
     {"cache_counts", (getter)pool_get_cache_counts, NULL,
      "(hits, misses, fetched): ids the HBM cache served and missed; rows read from the table", NULL},
     {"caller_gathers", (getter)pool_get_caller_gathers, NULL,
