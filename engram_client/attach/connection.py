@@ -118,11 +118,7 @@ class DaemonConnection:
             info = os.lstat(self._path)
         except OSError:
             return False
-        known = self._socket_file
-        # The change time too: ext4 hands a new file the inode number of one just unlinked, so a daemon
-        # restarted after SIGKILL binds a socket file with the same (st_dev, st_ino) as the dead one's.
-        return known is not None and (info.st_dev, info.st_ino, info.st_ctime_ns) == \
-            (known.st_dev, known.st_ino, known.st_ctime_ns)
+        return endpoints.same_socket_file(info, self._socket_file)
 
     def _reset(self) -> None:
         if self._socket is not None:

@@ -40,6 +40,15 @@ def pub_endpoint_for(endpoint: str) -> str:
     raise ProtocolError(f"cannot derive an events endpoint from {endpoint!r}; pass one explicitly")
 
 
+def same_socket_file(info: os.stat_result, known: os.stat_result | None) -> bool:
+    """Whether ``info``, an lstat of a socket path, shows the file ``known`` was taken of.
+
+    The change time too: ext4 hands a new file the inode number of one just unlinked, so a daemon
+    restarted after SIGKILL binds a socket file with the same (st_dev, st_ino) as the dead one's."""
+    return known is not None and (info.st_dev, info.st_ino, info.st_ctime_ns) == \
+        (known.st_dev, known.st_ino, known.st_ctime_ns)
+
+
 def file_kind(info: os.stat_result) -> str:
     """What an lstat says stands at a path, in words ("a regular file"), for messages about
     something that should have been a socket."""

@@ -1,6 +1,7 @@
 """Engine integrations: adapters that serve an inference engine's Engram tables from engramd.
 
-Each subpackage belongs to one engine (``vllm/``: a vLLM general plugin) and owns only the wiring
+Each subpackage belongs to one engine (``vllm/``: a vLLM general plugin, ``sglang/``: an SGLang
+plugin) but ``rank/``, what their ranks do alike; an engine's subpackage owns only the wiring
 between that engine's classes and engram_client's public API (``EngramClient``, its tables, the
 one error tree).  An integration never loads, writes or owns a table: it attaches to the one the
 node's daemon serves, or refuses.  An engine's own packages are imported only once the user has

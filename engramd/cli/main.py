@@ -49,8 +49,7 @@ def main() -> None:
 @socket_option
 @click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
               help="Load this checkpoint (under a reload root) [default: the one being served].")
-@click.option("--wait", "wait_s", default=0.0, type=float, metavar="SECONDS",
-              help="Wait up to this long for the new generation to be served.")
+@reach.wait_option("Wait up to this long for the new generation to be served.")
 def reload(endpoint: str | None, checkpoint: str | None, wait_s: float) -> None:
     """Load generation g+1 beside g; g keeps serving until g+1 is complete."""
     reach.local_only(endpoint, "reload")

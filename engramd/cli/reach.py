@@ -27,6 +27,13 @@ from engram_client.attach.daemon_probe import absent_reason
 ANSWER_TIMEOUT_S = 10.0  # how long `status` and `stop` wait for an answer by default (README, probes)
 
 
+def wait_option(help_text: str):
+    """``--wait SECONDS`` (``wait_s``, default 0: no wait) for every command that waits for the daemon to be
+    ready; a wait is a deadline, so a negative one is a usage error, the same for each command."""
+    return click.option("--wait", "wait_s", default=0.0, type=click.FloatRange(min=0), metavar="SECONDS",
+                        help=help_text)
+
+
 class DaemonAbsentError(DaemonUnavailableError):
     """No daemon can be at the endpoint; known without waiting for an answer."""
 

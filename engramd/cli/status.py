@@ -108,8 +108,7 @@ def poll_status(endpoint: str, curve_keys_dir: str | None, wait_s: float, displa
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON (always one object).")
 @click.option("--curve-keys-dir", default=None, type=click.Path(file_okay=False),
               help="For a tcp:// socket: use DIR/client.key_secret and trust DIR/server.key.")
-@click.option("--wait", "wait_s", default=0.0, type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Wait up to this long for the table to be ready (progress shown on a terminal); "
+@reach.wait_option("Wait up to this long for the table to be ready (progress shown on a terminal); "
                    "no request outlives it.")
 @click.option("--timeout", "request_timeout", default=REQUEST_TIMEOUT_S, show_default=True, type=float,
               metavar="SECONDS", help="Wait up to this long for each answer of the daemon.")

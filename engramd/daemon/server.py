@@ -15,6 +15,7 @@ Owns the sockets and the socket files; the table belongs to daemon/state_machine
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -65,7 +66,7 @@ class Server:
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.context = zmq.Context()
         self.router = self.pub = self.remote = self.peer_cap = self.budget = None
-        self._bound: dict[str, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the file we bound
+        self._bound: dict[str, os.stat_result] = {}  # socket path -> lstat of the file we bound (same_file_at)
         self.exit_code = 0
         try:
             soft_limit, _ = raise_nofile_limit()
@@ -131,23 +132,22 @@ class Server:
         return sock
 
     def _set_up_socket_file(self, path: str) -> None:
-        info = os.lstat(path)
-        self._bound[path] = (info.st_dev, info.st_ino)
         gid = self.config.gid
-        if gid is not None:
-            os.chown(path, -1, gid)
-            directory = os.path.dirname(path) or "."
-            if directory != (os.path.dirname(endpoints.ipc_path(self.config.endpoint)) or "."):
-                warn_if_group_cannot_pass(directory, gid)  # an --events-socket elsewhere: never ours to re-mode
-        os.chmod(path, 0o660 if gid is not None else 0o600)
+        try:
+            if gid is not None:
+                os.chown(path, -1, gid)
+                directory = os.path.dirname(path) or "."
+                if directory != (os.path.dirname(endpoints.ipc_path(self.config.endpoint)) or "."):
+                    warn_if_group_cannot_pass(directory, gid)  # an --events-socket elsewhere: never ours to re-mode
+            os.chmod(path, 0o660 if gid is not None else 0o600)
+        finally:  # after chown and chmod, which change the ctime the file is known by (same_file_at)
+            self._bound[path] = os.lstat(path)
 
     def _unlink_socket_file(self, path: str) -> None:
         """Remove the socket file we bound, never a file that took its place."""
         if same_file_at(path, self._bound.pop(path, None)):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
 
     # -- request handling --------------------------------------------------------------
     def handle(self, frames: list[bytes], allowed: tuple[str, ...] | None = None,

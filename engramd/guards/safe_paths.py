@@ -27,7 +27,7 @@ import socket
 import stat
 from typing import Callable
 
-from engram_client.core.endpoints import file_kind
+from engram_client.core.endpoints import file_kind, same_socket_file
 from engram_client.core.errors import ConfigError
 
 from .lock_owner import lock_holders_of
@@ -239,13 +239,14 @@ def check_bind_path(path: str, what: str) -> None:
                           "of this endpoint (that one would hold the endpoint's lock); refusing to take its place")
 
 
-def same_file_at(path: str, identity: tuple[int, int] | None) -> bool:
-    """Whether ``path`` (not followed) is still the file whose (st_dev, st_ino) is ``identity``."""
+def same_file_at(path: str, identity: os.stat_result | None) -> bool:
+    """Whether ``path`` (not followed) is still the socket file ``identity`` is an lstat of: device,
+    inode and change time, as a client tells a restarted daemon's socket (same_socket_file)."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return False
-    return identity is not None and (info.st_dev, info.st_ino) == identity
+    return same_socket_file(info, identity)
 
 
 def _may_chown() -> bool:

@@ -7,11 +7,16 @@ listener of another program, and the stale socket a SIGKILLed daemon leaves.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import pytest
+
+from engramd.guards.safe_paths import same_file_at
 
 PROCESS_TIMEOUT_S = 60
 
@@ -82,3 +87,38 @@ def test_serve_replaces_the_stale_socket_a_killed_daemon_left(daemon_factory):
     assert os.path.exists(daemon.endpoint[len("ipc://"):])  # SIGKILL leaves the socket file
     again = daemon_factory()
     assert again.wait_state("ready")["state"] == "ready"
+
+
+def test_a_stopping_daemon_leaves_the_socket_file_that_took_its_place(daemon_factory):
+    daemon = daemon_factory()
+    daemon.wait_state("ready")
+    path = daemon.endpoint[len("ipc://"):]
+    os.unlink(path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+        other.bind(path)  # another program's socket, where the daemon's was
+        replacement = os.lstat(path)
+        assert daemon.kill(signal.SIGTERM) == 0
+        assert same_file_at(path, replacement), "the daemon removed a socket file it did not bind"
+
+
+# ext4 gives a new file the inode of one just unlinked, so a replacement can carry the (st_dev, st_ino)
+# the daemon recorded; its change time tells them apart.  A file system cannot be made to reuse an
+# inode on demand (the daemon's own socket pins its inode while it runs), so the recorded lstat is a
+# stand-in: the old file's change time with the new file's device and inode.  Both files are real.
+def test_a_socket_file_with_the_inode_of_the_one_bound_but_another_ctime_is_not_it(socket_dir):
+    path = os.path.join(socket_dir, "reused.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+        first.bind(path)
+        bound = os.lstat(path)
+    os.unlink(path)
+    # File times come from a coarse clock (one tick: at most 10 ms), so the next file's ctime is a
+    # later one once a tick has passed.
+    while time.time_ns() <= bound.st_ctime_ns + 20_000_000:
+        time.sleep(0.005)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+        second.bind(path)
+        now = os.lstat(path)
+        assert now.st_ctime_ns != bound.st_ctime_ns
+        reused = SimpleNamespace(st_dev=now.st_dev, st_ino=now.st_ino, st_ctime_ns=bound.st_ctime_ns)
+        assert same_file_at(path, now)
+        assert not same_file_at(path, reused)

@@ -82,8 +82,10 @@ def test_status_wait_is_a_deadline_no_request_outlives(request, socket_dir, wher
     assert 1.0 <= waited < 30.0, result.stderr
 
 
-def test_a_negative_wait_is_a_usage_error():
-    result = subprocess.run([sys.executable, "-m", "engramd", "status", "--wait", "-5"], capture_output=True,
+# One validator (cli/reach.py: wait_option) for each command that waits: reload once took -5 as "no wait".
+@pytest.mark.parametrize("command", ["status", "reload"])
+def test_a_negative_wait_is_a_usage_error(command):
+    result = subprocess.run([sys.executable, "-m", "engramd", command, "--wait", "-5"], capture_output=True,
                             text=True, timeout=PROCESS_TIMEOUT_S)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]

@@ -17,11 +17,10 @@ process (SystemExit, with the reason), before a model is built.
 SGLang and torch are imported only inside ``register()``'s work, so loading the entry point
 costs nothing when the plugin is off.
 
-From the vLLM plugin it imports only pieces that know no engine (RankClient, head_rows,
-raise_gathered, ServedLayer, heads_in_words, check_loaded_weight, the daemon timeouts), until
-they move to a module both plugins share.
+What knows no engine (the attach, the served layer, the weight check, the gathered error) is
+shared with the vLLM plugin (integrations/rank/); it imports nothing from the vLLM plugin.
 
-Must not import: ``engramd``, ``engram_client.tools``.
+Must not import: ``engramd``, ``engram_client.tools``, ``engram_client.integrations.vllm``.
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from torch import nn
 
 from engram_client import IntegrationError
 from engram_client.core.layout import QUANT_BLOCK
-from engram_client.integrations.vllm.gathered import raise_gathered
-from engram_client.integrations.vllm.served_layer import ServedLayer, heads_in_words
+from engram_client.integrations.rank.gathered import raise_gathered
+from engram_client.integrations.rank.served_layer import ServedLayer, heads_in_words
 
 from .fences import ENGRAM_MODULE
 from .rank_client import column_split, rank_client

@@ -5,8 +5,8 @@ whole and calls the parameter's ``weight_loader(param, loaded_weight)``, on a th
 tensors on the CPU (``maybe_executor_submit``); after the last tensor it calls every Engram
 layer's ``finish_load(label)`` on every rank, in layer order, on its own thread.  So:
 
-- ``load_rows`` (``_load_rows``) checks the tensor with the vLLM plugin's check (the rank's rows
-  sampled against the same rows of the served table, weights.py there) and records what it
+- ``load_rows`` (``_load_rows``) checks the tensor with the plugins' shared check (the rank's rows
+  sampled against the same rows of the served table, integrations/rank/weights.py) and records what it
   found; it never raises, since a collective cannot run on the loader's threads and a raise
   there would stop this rank alone;
 - ``finish_load`` gathers the records of the TP group and raises on every rank if any rank
@@ -20,8 +20,8 @@ import threading
 import torch
 
 from engram_client import IntegrationError
-from engram_client.integrations.vllm.gathered import raise_gathered
-from engram_client.integrations.vllm.weights import check_loaded_weight
+from engram_client.integrations.rank.gathered import raise_gathered
+from engram_client.integrations.rank.weights import check_loaded_weight
 
 _lock = threading.Lock()
 
@@ -39,8 +39,7 @@ def load_rows(self, param: torch.nn.Parameter, loaded_weight: torch.Tensor) -> N
         check_loaded_weight(served, stand, loaded_weight)
         found = None
     except IntegrationError as exc:
-        # The check's words are the vLLM plugin's; this loader is SGLang's.
-        found = str(exc).replace("vLLM", "SGLang")
+        found = str(exc)  # it names SGLang: the served layer's client was attached for SGLang
     except Exception as exc:  # reported by every rank at finish_load, not lost on a loader thread
         found = f"{type(exc).__name__}: {exc}"
     with _lock:

@@ -10,7 +10,7 @@ mismatch, and patches
 - ``DPSharedEngramStorage`` becomes ``EngramdStorage`` (storage.py): instead of rank 0 writing a
   /dev/shm file, every rank attaches to engramd registering only its TP heads' rows
   (rank_client.py, building.py), and the weight loader checks the checkpoint's tensors against the served
-  table instead of copying them (weights.py);
+  table instead of copying them (integrations/rank/weights.py, shared with the SGLang plugin);
 - ``ParallelEngramEmbedding.__init__`` refuses what engramd cannot serve (embedding.py);
 - vLLM's room check for a table of its own (``check_shm_free_space`` in 0.33.0,
   ``_shm_shortfall`` in 0.34.0) passes: vLLM writes none;
@@ -21,7 +21,7 @@ mismatch, and patches
 vLLM and torch are imported only inside ``register()``'s work, so loading the entry point costs
 nothing when the plugin is off.
 
-Must not import: ``engramd``, ``engram_client.tools``.
+Must not import: ``engramd``, ``engram_client.tools``, ``engram_client.integrations.sglang``.
 """
 from __future__ import annotations
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 
 from engram_client import IntegrationError
+from engram_client.integrations.rank.served_layer import ServedLayer
 
 from .fences import DEAD_ID
-from .served_layer import ServedLayer
 from .storage import EngramdStorage
 
 

@@ -8,30 +8,12 @@ share, and is refused naming both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from engram_client import EngramTable, IntegrationError
+from engram_client import IntegrationError
 from engram_client.core.layout import QUANT_BLOCK
+from engram_client.integrations.rank.served_layer import ServedLayer, heads_in_words
 
 from .building import Building
-from .rank_client import RankClient, rank_client
-
-
-@dataclass(frozen=True)
-class ServedLayer:
-    rank: RankClient
-    table: EngramTable  # the layer's table, registered for this rank's rows only
-    head_start: int  # the rank's first head, as vLLM computed it
-    local_heads: int  # heads the rank really has (vLLM pads part_n_hash_cols past the last head)
-    model: str  # what vLLM loads, as errors name it
-
-    @property
-    def layer(self) -> int:
-        return self.table.layer
-
-
-def heads_in_words(head_sizes: tuple[int, ...]) -> str:
-    return f"{len(head_sizes)} heads of {min(head_sizes)}..{max(head_sizes)} rows ({sum(head_sizes)} in all)"
+from .rank_client import rank_client
 
 
 def vllm_model() -> str:

@@ -1,4 +1,4 @@
-"""The plugin's settings: whether it is on, and how long it waits for the daemon.
+"""The plugin's settings: whether it is on, and where the daemon is.
 
 Two environment variables, read in every vLLM process:
 
@@ -15,10 +15,6 @@ from engram_client.core.variables import VLLM
 from engram_client.integrations.switch import switched_on
 
 ENABLE_VARIABLE = VLLM
-# A daemon that answers nothing within this is reported at once (not started, wrong socket)...
-REACH_TIMEOUT_S = 10.0
-# ...one that answers but is still loading is waited for: V4.1's ~200 GB table takes minutes.
-READY_TIMEOUT_S = 1800.0
 
 
 def enabled() -> bool:

@@ -22,10 +22,12 @@ import torch
 
 from engram_client import IntegrationError
 
+from engram_client.integrations.rank.gathered import raise_gathered
+from engram_client.integrations.rank.served_layer import ServedLayer
+from engram_client.integrations.rank.weights import check_loaded_weight
+
 from .building import under_construction
-from .gathered import raise_gathered
-from .served_layer import ServedLayer, serve_layer
-from .weights import check_loaded_weight
+from .served_layer import serve_layer
 
 
 class EngramdStorage:

@@ -1,17 +1,18 @@
-"""vLLM's weight-loader calls for Engram tensors, checked against the served table, never copied.
+"""An engine's weight-loader calls for Engram tensors, checked against the served table, never copied.
 
-vLLM's loader hands each rank ``layers.{L}.engram.embed.weight`` (F8_E4M3, [rows, head_dim]) and
-``.scale`` (F8_E8M0, [rows, head_dim/32]) whole, and a parameter whose ``engram_vocab_start``
-and shape say which rows are this rank's.  What is checked, in this order:
+vLLM's loader (SGLang's through a stand-in parameter: sglang/loading.py) hands each rank
+``layers.{L}.engram.embed.weight`` (F8_E4M3, [rows, head_dim]) and ``.scale`` (F8_E8M0,
+[rows, head_dim/32]) whole, and a parameter whose ``engram_vocab_start`` and shape say which
+rows are this rank's.  What is checked, in this order:
 
 1. the layout: the tensor's dtype, its shape against the served layer's rows and head width,
    and the parameter's rows against the range this rank registered;
 2. the content: the bytes of SAMPLE_SPREAD rows spread over the rank's range, plus the first and
    last row of each of its heads, against the same rows of the served table.  Rows of two
    checkpoints (another training step, another seed) differ almost everywhere, so a different
-   checkpoint fails here; the daemon's checkpoint and fingerprint are named with vLLM's model.
+   checkpoint fails here; the daemon's checkpoint and fingerprint are named with the engine's model.
 
-Only the sampled rows of the tensor are read: vLLM's safetensors tensors map the file, so the
+Only the sampled rows of the tensor are read: the engines' safetensors tensors map the file, so the
 rest of it is never paged in by this check.
 """
 from __future__ import annotations
@@ -36,14 +37,14 @@ def sample_rows(served: ServedLayer) -> list[int]:
 
 
 def check_loaded_weight(served: ServedLayer, param: torch.nn.Parameter, loaded: torch.Tensor) -> None:
-    table = served.table
+    table, engine = served.table, served.rank.engine
     if param.dtype == torch.float8_e4m3fn:
         part, columns, offset, dtypes = "weight", table.head_dim, 0, (torch.float8_e4m3fn,)
     elif param.dtype == torch.uint8:
         part, columns, offset, dtypes = "scale", table.layout.scale_cols, table.head_dim, \
             (torch.float8_e8m0fnu, torch.uint8)
     else:
-        raise IntegrationError(f"layer {served.layer}: vLLM's weight loader passed a {param.dtype} parameter, "
+        raise IntegrationError(f"layer {served.layer}: {engine}'s weight loader passed a {param.dtype} parameter, "
                                "neither the Engram values (float8_e4m3fn) nor their scales (uint8)")
     name = f"layers.{served.layer}.engram.embed.{part}"
     where = f"layer {served.layer} of {served.rank.describe_table()}"
@@ -55,7 +56,7 @@ def check_loaded_weight(served: ServedLayer, param: torch.nn.Parameter, loaded: 
     lo, hi = table.row_range
     start = getattr(param, "engram_vocab_start", None)
     if start != lo or tuple(param.shape) != (hi - lo, columns):
-        raise IntegrationError(f"vLLM loads rows from {start} into a {list(param.shape)} parameter for {name}; "
+        raise IntegrationError(f"{engine} loads rows from {start} into a {list(param.shape)} parameter for {name}; "
                                f"this rank registered rows [{lo}, {hi}) of {where}")
     rows = sample_rows(served)
     index = torch.tensor(rows, dtype=torch.int64)
@@ -66,4 +67,5 @@ def check_loaded_weight(served: ServedLayer, param: torch.nn.Parameter, loaded: 
         first = rows[int(differ.nonzero()[0, 0])]
         raise IntegrationError(f"{served.model}: {name} row {first} differs from {where} "
                                f"({int(differ.sum())} of {len(rows)} sampled rows differ): serve the checkpoint "
-                               "vLLM loads (engramd reload --checkpoint DIR), or load engramd's checkpoint in vLLM")
+                               f"{engine} loads (engramd reload --checkpoint DIR), or load engramd's checkpoint in "
+                               f"{engine}")
