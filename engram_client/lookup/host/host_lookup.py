@@ -107,7 +107,7 @@ class HostPath:
         """Take ``cache`` (or None), its kernels compiled now: attach or refresh, never a capture."""
         kernels = None
         if cache is not None:
-            from .hot_cache_kernels import CacheKernels
+            from ..cache.kernels import CacheKernels
 
             kernels = CacheKernels(cache, self.config.out_dtype, self.device)
         self._cache, self._cache_kernels = cache, kernels
