@@ -1,7 +1,7 @@
 """The UVA path through the HBM row cache returns exactly the rows of the UVA path without it, in
 Triton's CPU interpreter: the classify, fetch, serve, insert and move kernels call after call, so
 the recency part fills and serves, with a fixed part from a list, ids out of range counted and
-zeroed alike, int32 and int64 ids, capped and uncapped grids.  Then the table's bytes of every
+zeroed alike, int32 and int64 ids, capped and uncapped grids, a whole layer and a registered range.  Then the table's bytes of every
 cached row are overwritten: a cached lookup still returns the rows it cached, so hits really are
 served from HBM and never read over PCIe.
 
@@ -79,6 +79,24 @@ SCRIPT = textwrap.dedent("""
                            LookupConfig(), cache, kernels, None)
     assert torch.equal(out.view(torch.int16), before.view(torch.int16)), "a cached row was read from the table"
     print("cached rows served from HBM:", held.numel())
+    # A registered range (a tensor-parallel rank's rows): the view starts at row_lo, ids stay absolute.
+    lo, hi = 100, 400
+    view = table[lo * row_bytes:hi * row_bytes]
+    part = HbmRowCache(2 * 10 * (row_bytes + 8) + 4 * 8 * (row_bytes + 16), head_dim, row_bytes, lo, hi, cpu,
+                       np.arange(120, 140, dtype=np.int64))
+    part.load_fixed(None, view, lo, hi, None)
+    part_kernels = CacheKernels(part, torch.bfloat16, cpu)
+    for call in range(4):
+        ids = torch.from_numpy(lo + rng.zipf(1.3, 400) % (hi - lo + 40) - 20)
+        outs = [torch.full((ids.numel(), head_dim), 99.0, dtype=torch.bfloat16) for _ in range(2)]
+        bads = [torch.zeros(1, dtype=torch.int32) for _ in range(2)]
+        L.launch_lookup(view, ids, outs[0], bads[0], lo, hi, head_dim, row_bytes, LookupConfig())
+        C.launch_cached_lookup(view, ids, outs[1], bads[1], lo, hi, head_dim, row_bytes, LookupConfig(), part,
+                               part_kernels, None)
+        outside = int(((ids < lo) | (ids >= hi)).sum())
+        assert outside and int(bads[0]) == int(bads[1]) == outside, (call, bads, outside)
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), f"registered range, call {call}"
+    assert int((part.recent_keys >= 0).sum()) > 0
 """)
 
 
