@@ -1,5 +1,5 @@
-"""The HBM hot-row cache on the host path (and, where named, the UVA path), on CUDA: exact rows whatever serves them, hits that
-really skip the host gather, CUDA graphs, out-of-range ids, the fixed part, disarming.
+"""The HBM hot-row cache on the host path (and, where named, the UVA path), on CUDA: exact rows
+whatever serves them, hits that really skip the host gather, CUDA graphs, out-of-range ids, the fixed part, disarming.
 
 Rows are checked against the independent numpy reference (demo_rows); hits and fetched rows
 are the gather pool's own counts (the C workers count what they skip and what they read)."""

@@ -1,9 +1,9 @@
 """The UVA path through the HBM row cache returns exactly the rows of the UVA path without it, in
 Triton's CPU interpreter: the classify, fetch, serve, insert and move kernels call after call, so
 the recency part fills and serves, with a fixed part from a list, ids out of range counted and
-zeroed alike, int32 and int64 ids, capped and uncapped grids, a whole layer and a registered range.  Then the table's bytes of every
-cached row are overwritten: a cached lookup still returns the rows it cached, so hits really are
-served from HBM and never read over PCIe.
+zeroed alike, int32 and int64 ids, capped and uncapped grids, a whole layer and a registered
+range.  Then the table's bytes of every cached row are overwritten: a cached lookup still returns
+the rows it cached, so hits really are served from HBM and never read over PCIe.
 
 Needs Triton 3.9+ (as test_lookup_kernels_interpreted.py); the compiled kernels run in
 tests/gpu/test_lookup_gpu.py and tests/gpu/test_hot_cache_gpu.py."""
