@@ -36,6 +36,7 @@ with this cache treat every id as a miss, then frees the rows.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import numpy as np
@@ -97,6 +98,9 @@ class HbmRowCache:
             # [committed sequence number, this call's, armed, spare]: kept alive by captured graphs.
             self.control = torch.tensor([0, 0, 1, 0], dtype=torch.int64, device=device)
         self.load_seconds = 0.0
+        # One call's kernels, classify to move, enqueue together: another call's classify between them
+        # would take the same sequence number.  The host path holds its own lock (host_lookup.py).
+        self.enqueue_lock = threading.Lock()
 
     @property
     def recent_capacity(self) -> int:

@@ -77,8 +77,9 @@ def launch_cached_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tens
     marks = torch.empty(n, dtype=torch.int64, device=ids.device)
     staging = torch.empty(n * row_bytes, dtype=torch.uint8, device=ids.device)
     raw = stream.cuda_stream if stream is not None else 0
-    kernels.classify(ids, n, row_lo, row_hi, slotmap, marks, stream, raw)
-    _fetch_misses_kernel[_grid(n, config.block_rows, config.max_programs)](
-        table, marks, staging, bad_count, n, row_lo, ROW_BYTES=row_bytes, HEAD_DIM=head_dim,
-        BLOCK_R=config.block_rows, num_warps=config.num_warps)
-    kernels.serve(staging, out, n, slotmap, marks, stream, raw)
+    with cache.enqueue_lock:
+        kernels.classify(ids, n, row_lo, row_hi, slotmap, marks, stream, raw)
+        _fetch_misses_kernel[_grid(n, config.block_rows, config.max_programs)](
+            table, marks, staging, bad_count, n, row_lo, ROW_BYTES=row_bytes, HEAD_DIM=head_dim,
+            BLOCK_R=config.block_rows, num_warps=config.num_warps)
+        kernels.serve(staging, out, n, slotmap, marks, stream, raw)
