@@ -10,14 +10,14 @@ first 70% of the tokens build the frequency list, decode steps of 256 sequences 
 and the cache is sized as hot_cache.py sizes it (1% of the layer's rows, half for the list's fixed
 part when there is a list).  Replayed call by call:
 
-  policy       the recency part as hot_cache_kernels.py keeps it: WAYS ways a set, the set from the
+  policy       the recency part as lookup/cache/kernels.py keeps it: WAYS ways a set, the set from the
                kernels' hash of the id, a hit stamps its way with the call's number, one miss a set
                per call (the last in the call) takes the way least recently stamped and not stamped
                by this call;
   true LRU     every distinct miss of a call inserted into one fully associative LRU of the same
                number of slots (the bound a set-associative, one-insert-a-set policy approaches).
 
---check-kernels N first runs the kernels themselves (classify and insert, hot_cache_kernels.py) in
+--check-kernels N first runs the kernels themselves (classify and insert, lookup/cache/kernels.py) in
 Triton's CPU interpreter over the first N calls beside the replay, and stops unless every id's hit
 or miss and every way's key agree (needs Triton 3.9 or later installed).
 
@@ -36,13 +36,13 @@ import numpy as np
 
 from benchmarks.common import write_json
 from benchmarks.hot_cache import SPLIT, layer_budget, layer_counts
-from engram_client.lookup.host.hot_cache import WAYS, part_sizes
+from engram_client.lookup.cache.row_cache import WAYS, part_sizes
 
 MIX = np.int64(0x5851F42D4C957F2D)
 
 
 def set_of(ids: np.ndarray, sets: int) -> np.ndarray:
-    """hot_cache_kernels._set_of: int64 arithmetic, wrapping, shifts arithmetic."""
+    """kernels._set_of: int64 arithmetic, wrapping, shifts arithmetic."""
     with np.errstate(over="ignore"):
         h = ids.astype(np.int64) * MIX
     h = h ^ (h >> np.int64(29))
@@ -50,7 +50,7 @@ def set_of(ids: np.ndarray, sets: int) -> np.ndarray:
 
 
 class Policy:
-    """The recency part of hot_cache_kernels.py, on the CPU."""
+    """The recency part of lookup/cache/kernels.py, on the CPU."""
 
     def __init__(self, sets: int):
         self.sets = sets
@@ -99,20 +99,11 @@ class TrueLru:
         return hit
 
 
-def check_kernels(calls: list[np.ndarray], rows: int, sets: int) -> None:
-    """The kernels in Triton's interpreter against Policy, call by call (recency part, no list)."""
-    import os
-
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
-    import torch
-    import triton
+def interpret_masks_as_bool() -> None:
+    """Triton 3.9's interpreter refuses some masks it built itself (bool data under another dtype)
+    in the cache's kernels; their arithmetic is untouched: the masks are cast to bool on the way in."""
     import triton.runtime.interpreter as interpreter
 
-    from engram_client.lookup.host import hot_cache_kernels as kernels
-    from engram_client.lookup.host.hot_cache import POSITION_BITS
-
-    # Triton 3.9's interpreter refuses some masks it built itself (bool data under another
-    # dtype); the kernels' arithmetic is untouched: the masks are cast to bool on the way in.
     builder = interpreter.InterpreterBuilder
     for name, at in (("create_masked_load", 1), ("create_masked_store", 2), ("create_atomic_rmw", 3)):
         def as_bool(self, *args, _orig=getattr(builder, name), _at=at):
@@ -120,6 +111,20 @@ def check_kernels(calls: list[np.ndarray], rows: int, sets: int) -> None:
             args[_at] = interpreter.TensorHandle(np.asarray(args[_at].data).astype(bool), args[_at].dtype)
             return _orig(self, *args)
         setattr(builder, name, as_bool)
+
+
+def check_kernels(calls: list[np.ndarray], rows: int, sets: int) -> None:
+    """The kernels in Triton's interpreter against Policy, call by call (recency part, no list)."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
+    import torch
+    import triton
+
+    from engram_client.lookup.cache import kernels
+    from engram_client.lookup.cache.row_cache import POSITION_BITS
+
+    interpret_masks_as_bool()
     policy = Policy(sets)
     keys = torch.full((sets * WAYS,), -1, dtype=torch.int64)
     stamps, claims = torch.zeros(sets * WAYS, dtype=torch.int64), torch.zeros(sets, dtype=torch.int64)

@@ -49,7 +49,7 @@ def layer_budget(rows_in_layer: int, percent: float, row_bytes: int = 264) -> in
 
 
 def install(client, layer: int, budget: int, ranked) -> None:
-    from engram_client.lookup.host.hot_cache import cache_for_layer
+    from engram_client.lookup.cache.layer_caches import cache_for_layer
 
     rows = client.table(layer)._rows
     cache = cache_for_layer(budget, rows.layout, rows.host_rows, rows.row_lo, rows.row_hi, client.device,

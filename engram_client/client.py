@@ -27,8 +27,7 @@ from .client_state import ClientState, same_file
 from .attach.connection import DaemonConnection
 from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
-from .lookup.host.hot_cache import cache_for_view
-from .lookup.uva.hot_rows import HotRowCache
+from .lookup.cache.layer_caches import cache_for_view
 from .lookup.config import LookupConfig, default_gather_threads, default_max_programs
 from .attach.lease_keeper import LeaseKeeper, heartbeat_interval
 from .attach.mapped_generation import MappedGeneration, describe_move
@@ -44,7 +43,7 @@ class EngramClient:
     def __init__(self, endpoint: str | None = None, device: str | torch.device = "cuda:0", timeout: float = 60.0,
                  row_ranges: dict[int, tuple[int, int]] | None = None, rank: int | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
-                 lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: int = 16,
+                 lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: None = None,
                  auto_refresh: bool = False, lookup_timeout: float = 60.0, lookup_path: str = "auto",
                  strict_ids: bool = False, gather_threads: int | None = None, gather_budget: bool = True):
         self.device = torch.device(device)
@@ -67,6 +66,8 @@ class EngramClient:
         # a cycle that only the cyclic collector could end (the lease would outlive the last reference).
         self._handles: weakref.WeakValueDictionary[int, EngramTable] = weakref.WeakValueDictionary()
         try:
+            if hot_cache_refresh_every is not None:  # the UVA path's old cache had it; one cache serves both now
+                raise ValueError("hot_cache_refresh_every is gone: the HBM cache has no refresh (docs/hot-rows.md)")
             if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
                 raise ValueError(f"hot_cache_bytes={hot_cache_bytes}: the hot-row cache lives in GPU memory and "
                                  "needs a CUDA device and a non-negative budget")
@@ -76,7 +77,7 @@ class EngramClient:
                 out_dtype=out_dtype, path=lookup_path, strategy=lookup_strategy, max_programs=lookup_max_programs or None,
                 wait_timeout=lookup_timeout, strict_ids=strict_ids,
                 gather_threads=default_gather_threads(self.device) if gather_threads is None else gather_threads,
-                hot_cache_bytes=hot_cache_bytes, hot_cache_refresh_every=hot_cache_refresh_every)
+                hot_cache_bytes=hot_cache_bytes)
             self._row_ranges = row_ranges or {}
             self._attach(timeout, rank, heartbeat)
         except BaseException:
@@ -134,11 +135,10 @@ class EngramClient:
         """A table with this client's lookup config, for one layer's view (warmed on CUDA: the
         host path's first host function and kernel launch are slow, and belong to attach)."""
         config = self.lookup_config
-        cache = HotRowCache.for_config(config, len(mapped.layers), lv.layout.head_dim, self.device)  # the UVA path's
-        hbm = cache_for_view(config, lv, mapped, self.device, self._state.pool, self._state.stream)  # the host path's
+        hbm = cache_for_view(config, lv, mapped, self.device, self._state.pool, self._state.stream)  # either path's
         table = LayerTable(lv.layout, lv.view, lv.lo, lv.hi, self.device, self._state.stream, config=config,
-                            host_rows=lv.host_view, pool=self._state.pool, hot_cache=cache,
-                            hbm_cache=hbm, before_call=self._before_call_hook())
+                            host_rows=lv.host_view, pool=self._state.pool, hbm_cache=hbm,
+                            before_call=self._before_call_hook())
         if table._host is not None and self.device.type == "cuda":
             table._host.warm(table)
         return table

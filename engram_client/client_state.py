@@ -88,7 +88,7 @@ class ClientState:
                 self.refresh_pending = True
 
     def cache_report(self) -> dict:
-        from .lookup.host.hot_cache import cache_report
+        from .lookup.cache.layer_caches import cache_report
 
         return cache_report(self.pool, [t.hbm_cache for t in list(self.tables.values()) if t.hbm_cache is not None])
 

@@ -1,8 +1,7 @@
 """LookupConfig: every option of a client's lookups, validated once, shared by every layer table.
 
 EngramClient builds one from its arguments; each EngramTable holds it, passes it to the
-launchers (the UVA kernels, the host gather) and keeps it across ``refresh()``; the hot-row
-cache fetches its rows through the launcher with it.  Frozen: a table that wants other
+launchers (the UVA kernels, the host gather) and keeps it across ``refresh()``.  Frozen: a table that wants other
 options gets a new config (``dataclasses.replace``), never a mutated one.
 
 Which path serves a call (``path="auto"``) is decided here too, by ``choose_path``.
@@ -61,6 +60,7 @@ class LookupConfig:
     path: str = "auto"
     # UVA path only.  "dedup": sort the ids, fetch each distinct row once in address order;
     # "direct": fetch every id as given; "auto": dedup from DEDUP_MIN_ROWS ids up (uva_lookup.py).
+    # With the HBM row cache the UVA path fetches its misses direct (uva/cached_lookup.py).
     strategy: str = "auto"
     # UVA path: cap on the kernels' programs, so a prefetch leaves most SMs to the model; None:
     # one program per block of ids.  Ids per block and warps per program (benchmarks/lookup_grid.py).
@@ -72,10 +72,9 @@ class LookupConfig:
     # strict: wait() synchronizes and raises for its own lookup (docs/integration.md).
     strict_ids: bool = False
     gather_threads: int = 1  # the host path's pool, the calling thread included
-    # HBM for the hot-row cache, 0: none.  The host path's cache (host/hot_cache.py: packed rows, the
-    # node's frequency list and recent misses) on "host"/"auto"; the UVA path's own (uva/hot_rows.py) on "uva".
+    # HBM for the hot-row cache, 0: none.  One cache a layer on every path (lookup/cache/: packed rows,
+    # up to half the node's frequency list, the rest recent misses), split between layers by their rows.
     hot_cache_bytes: int = 0
-    hot_cache_refresh_every: int = 16
     _uva_from: float = field(default=float("inf"), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -97,8 +96,6 @@ class LookupConfig:
             raise ValueError(f"gather_threads must be an int from 1 to 1024, got {self.gather_threads!r}")
         if not isinstance(self.hot_cache_bytes, int) or self.hot_cache_bytes < 0:
             raise ValueError(f"hot_cache_bytes must be a non-negative int, got {self.hot_cache_bytes!r}")
-        if not isinstance(self.hot_cache_refresh_every, int) or self.hot_cache_refresh_every < 1:
-            raise ValueError(f"hot_cache_refresh_every must be a positive int, got {self.hot_cache_refresh_every!r}")
         # Solve HOST_FIXED_S + n / host_rate > UVA_MARGIN * (UVA_FIXED_S + n / UVA_ROWS_PER_S) for n once.
         slope = 1 / (HOST_ROWS_PER_S_PER_THREAD * self.gather_threads) - UVA_MARGIN / UVA_ROWS_PER_S
         if slope > 0:
@@ -109,5 +106,5 @@ class LookupConfig:
         if self.path != "auto":
             return self.path
         if self.hot_cache_bytes:
-            return "host"  # the HBM cache sits in front of the host gather
+            return "host"  # the cache is measured in front of the host gather (docs/BENCHMARKS.md), not the UVA kernel
         return "uva" if ids > self._uva_from else "host"

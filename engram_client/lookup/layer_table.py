@@ -8,7 +8,8 @@ On CPU the client's gather pool copies the rows out of the read-only mapping and
 dequantizes them.  On CUDA a call takes one of two paths (LookupConfig.path, chosen per call
 under "auto"): the host path (host_lookup.py: CPU threads gather, the copy engine moves rows,
 a small kernel dequantizes in HBM; capturable in CUDA graphs) or the UVA path (uva_lookup.py:
-the Triton kernel reads rows over PCIe).  Either way an id outside the table (or outside the
+the Triton kernel reads rows over PCIe).  Both serve from the layer's one HBM row cache where the
+client has one (``hbm_cache``: lookup/cache/).  Either way an id outside the table (or outside the
 registered row range) is never read: ids from the host raise IdsOutOfRangeError at once,
 others zero their rows and are reported once their lookup has finished (out_of_range.py).
 """
@@ -22,12 +23,11 @@ import torch
 from .dequant import dequantize_rows
 from ..core.errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
 from ..core.layout import LayerLayout
-from .uva.hot_rows import HotRowCache
 from .host.host_lookup import HostPath, count_outside, stream_capturing
 from .config import LookupConfig
 from .out_of_range import OutOfRangeLedger
 from .prefetch import PrefetchHandle
-from .uva.uva_lookup import refresh_hot_rows, uva_prefetch
+from .uva.uva_lookup import uva_prefetch
 
 
 @dataclass
@@ -41,12 +41,12 @@ class LayerTable:
     config: LookupConfig = field(default_factory=LookupConfig)
     host_rows: torch.Tensor | None = None  # the same bytes in the host mapping (default: rows_view on CPU)
     pool: object = None  # the client's GatherPool (host path and CPU lookups)
-    hot_cache: HotRowCache | None = None  # the UVA path's cache (lookup_path "uva")
-    hbm_cache: object = None  # the host path's HbmRowCache (host/hot_cache.py), or None
+    hbm_cache: object = None  # the HBM row cache both paths serve from (cache/row_cache.py), or None
     before_call: Callable[[], None] | None = None  # the client's hook: an automatic refresh happens here
     retired: str | None = None  # why this table can no longer serve
     ledger: OutOfRangeLedger = field(init=False, repr=False)
     _host: HostPath | None = field(default=None, init=False, repr=False)
+    _cache_kernels: object = field(default=None, init=False, repr=False)  # the UVA path's, built at its first call
     _zero_count: torch.Tensor | None = field(default=None, init=False, repr=False)
     _description: str | None = field(default=None, init=False, repr=False)
 
@@ -117,14 +117,12 @@ class LayerTable:
         self.layout, self.rows_view, self.row_lo, self.row_hi = layout, rows_view, row_lo, row_hi
         self._description = None
         self.host_rows = host_rows if host_rows is not None or rows_view.device.type != "cpu" else rows_view
-        self.hbm_cache = hbm_cache
+        self.hbm_cache, self._cache_kernels = hbm_cache, None
         if self._host is not None and not same_rows:
             self._host = HostPath(self.pool, self.head_dim, layout.row_bytes, self.device, self.stream, self.config,
                                   hbm_cache)
         elif self._host is not None:
             self._host.cache = hbm_cache
-        if self.hot_cache is not None:
-            self.hot_cache.clear()  # cached rows are the old generation's
 
     def _retire(self, reason: str) -> None:
         self.retired, self.rows_view, self.host_rows = reason, None, None
@@ -134,6 +132,8 @@ class LayerTable:
         """The rows are going away (close, refresh): graphs captured here must not read them again."""
         if self._host is not None:
             self._host.release()
+        if self.hbm_cache is not None and self.stream is not None:
+            self.hbm_cache.disarm(self.stream)  # done already where the host path holds it; its rows are freed
         self.ledger.drain()
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
@@ -199,8 +199,11 @@ class LayerTable:
             self._zero_count = torch.zeros(1, dtype=torch.int32, device=self.device)
         return self._zero_count
 
-    def refresh_hot_rows(self) -> None:
-        """Re-choose the cached rows from the ids seen lately (runs on the prefetch stream and
-        waits for it once); lookups call this every ``refresh_every`` calls by themselves."""
-        if self.hot_cache is not None:
-            refresh_hot_rows(self)
+    def cache_kernels(self):
+        """The HBM row cache's kernels for the UVA path (the host path compiles its own when it takes
+        the cache): compiled at the first cached UVA call, which is never under a capture."""
+        if self._cache_kernels is None or self._cache_kernels.cache is not self.hbm_cache:
+            from .cache.kernels import CacheKernels
+
+            self._cache_kernels = CacheKernels(self.hbm_cache, self.config.out_dtype, self.device)
+        return self._cache_kernels

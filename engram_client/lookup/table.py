@@ -39,10 +39,6 @@ class EngramTable:
         handle._owner = self
         return handle
 
-    def refresh_hot_rows(self) -> None:
-        """Re-choose the hot-row cache's rows from the ids seen lately (see LayerTable)."""
-        self._rows.refresh_hot_rows()
-
     def __getattr__(self, name: str) -> Any:
         if name in EngramTable.__slots__:  # not set yet (a half-built object): no recursion
             raise AttributeError(name)

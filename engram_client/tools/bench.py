@@ -31,7 +31,6 @@ import time
 import torch
 
 from engram_client import EngramClient
-from engram_client.lookup.uva.hot_rows import HotRowCache
 from engram_client.core.demo_rows import demo_vocab_for_table_bytes
 from engram_client.core.layout import QUANT_BLOCK
 from engram_client.tools.serve_process import launch_serve, wait_for_socket
@@ -63,16 +62,16 @@ def _with_config(table, **options):
     return replace(rows, config=replace(rows.config, **options))
 
 
-def host_with_cache(client, host, budget_bytes: int):
-    """The host path's rows with a fresh HBM hot-row cache of ``budget_bytes`` (the daemon's
+def with_cache(client, rows, budget_bytes: int):
+    """``rows`` (either path's) with a fresh HBM row cache of ``budget_bytes`` (the daemon's
     hot-row list for its fixed part where it serves one, else the recency part alone)."""
-    from engram_client.lookup.host.hot_cache import cache_for_layer
+    from engram_client.lookup.cache.layer_caches import cache_for_layer
 
     hot_list = getattr(client._state.mapped, "hot_list", None)
-    ranked = hot_list.ranked(host.layer) if hot_list is not None and host.layer in hot_list.layers else None
-    cache = cache_for_layer(budget_bytes, host.layout, host.host_rows, host.row_lo, host.row_hi, client.device,
+    ranked = hot_list.ranked(rows.layer) if hot_list is not None and rows.layer in hot_list.layers else None
+    cache = cache_for_layer(budget_bytes, rows.layout, rows.host_rows, rows.row_lo, rows.row_hi, client.device,
                             client._state.pool, client._state.stream, ranked)
-    return replace(host, hbm_cache=cache)
+    return replace(rows, hbm_cache=cache)
 
 
 def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_steps: int,
@@ -86,9 +85,8 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
     tables = {f"uva:{s}/p{mp or 'all'}": _with_config(table, path="uva", strategy=s, max_programs=mp)
               for s in strategies for mp in max_programs}
     if hot_cache_gib:
-        cache = HotRowCache.for_budget(int(hot_cache_gib * 2**30), table.head_dim, table.out_dtype, device)
-        tables[f"uva:auto/p{table.max_programs or 'all'}+cache"] = replace(uva, hot_cache=cache)
-        tables["host+cache"] = host_with_cache(client, host, int(hot_cache_gib * 2**30))
+        tables[f"uva:auto/p{table.max_programs or 'all'}+cache"] = with_cache(client, uva, int(hot_cache_gib * 2**30))
+        tables["host+cache"] = with_cache(client, host, int(hot_cache_gib * 2**30))
     status = client.status()
     rows_view = table.rows_view.view(-1, table.layout.row_bytes)
     weight_view, scale_view = rows_view[:, :table.head_dim], rows_view[:, table.head_dim:]
@@ -116,12 +114,8 @@ def run_bench(endpoint: str, iterations: int, strategies: list[str], overlap_ste
             distinct = []
             dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
             for name, t in tables.items():
-                if t.hot_cache is not None:  # learn this distribution from calls before the timed ones
-                    t.hot_cache.clear()
-                    for _ in range(t.hot_cache.refresh_every):
-                        t.prefetch(sampler.sample(rows, distribution)).wait()
-                if t.hbm_cache is not None:  # the host path's: a fresh cache, filled by the same warm-up calls
-                    t = tables[name] = host_with_cache(client, host, t.hbm_cache.budget_bytes)
+                if t.hbm_cache is not None:  # a fresh cache, filled by warm-up calls of this distribution
+                    t = tables[name] = with_cache(client, t, t.hbm_cache.budget_bytes)
                     for _ in range(16):
                         t.prefetch(sampler.sample(rows, distribution)).wait()
             methods.update({f"ours:{name}": ((lambda t: lambda ids: t.prefetch(ids).wait())(t), False)

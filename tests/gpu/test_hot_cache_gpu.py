@@ -1,5 +1,5 @@
-"""The HBM hot-row cache on the host path, on CUDA: exact rows whatever serves them, hits that
-really skip the host gather, CUDA graphs, out-of-range ids, the fixed part, disarming.
+"""The HBM hot-row cache on the host path (and, where named, the UVA path), on CUDA: exact rows
+whatever serves them, hits that really skip the host gather, CUDA graphs, out-of-range ids, the fixed part, disarming.
 
 Rows are checked against the independent numpy reference (demo_rows); hits and fetched rows
 are the gather pool's own counts (the C workers count what they skip and what they read)."""
@@ -11,7 +11,7 @@ import torch
 
 from engram_client import EngramClient, IdsOutOfRangeError
 from engram_client.core.demo_rows import demo_rows
-from engram_client.lookup.host.hot_cache import HbmRowCache
+from engram_client.lookup.cache.row_cache import HbmRowCache
 from exactness import assert_bf16_exact
 
 pytestmark = pytest.mark.gpu
@@ -43,17 +43,25 @@ def test_rows_are_exact_and_repeats_are_served_from_hbm(demo_daemon, ids_on, id_
         assert hits + misses == asked and hits > asked // 4 and fetched == misses
 
 
-def test_a_cached_lookup_matches_the_uncached_one_over_many_calls(demo_daemon):
+@pytest.mark.parametrize("path", ["host", "uva"])
+def test_a_cached_lookup_matches_the_uncached_one_over_many_calls(demo_daemon, path):
+    """Either path with the one cache against the same path without it (the UVA path has no pool:
+    no counts, and its host ids take pinned memory to the GPU)."""
     rng = np.random.default_rng(1)
     calls = [zipf_ids(rng, int(rng.integers(1, 20000)), 1 << 20) for _ in range(40)]
-    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", hot_cache_bytes=1 << 20) as cached, \
-            EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0") as plain:
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", hot_cache_bytes=1 << 20,
+                      lookup_path=path) as cached, \
+            EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path=path) as plain:
         a, b = cached.table(1), plain.table(1)
-        handles = [(a.prefetch(torch.from_numpy(ids % a.num_rows).cuda()),
-                    b.prefetch(torch.from_numpy(ids % a.num_rows).cuda())) for ids in calls]  # all in flight
+        ids_on = ["cuda", "cpu"]
+        handles = [(a.prefetch(torch.from_numpy(ids % a.num_rows).to(ids_on[i % 2])),
+                    b.prefetch(torch.from_numpy(ids % a.num_rows).cuda())) for i, ids in enumerate(calls)]  # in flight
         for x, y in handles:
             assert torch.equal(x.wait().view(torch.int16), y.wait().view(torch.int16))
-        assert counts(cached)[0] > 0  # a small cache, evicting all the while: still exact
+        cache = a._rows.hbm_cache
+        assert int(cache.control[0]) >= len(calls) and int((cache.recent_keys >= 0).sum()) > 0
+        if path == "host":
+            assert counts(cached)[0] > 0  # a small cache, evicting all the while: still exact
 
 
 def test_the_fixed_part_serves_its_rows_from_the_first_call(demo_daemon):

@@ -175,23 +175,29 @@ def test_two_processes_on_two_gpus(demo_daemon):
 
 
 @pytest.mark.parametrize("strategy", ["auto", "dedup", "direct"])
-def test_hot_row_cache_is_exact_and_gets_hits(demo_daemon, strategy):
+def test_the_uva_path_serves_from_the_hbm_row_cache_exactly(demo_daemon, strategy):
+    """The one HBM row cache (lookup/cache/) on the UVA path, which has no gather pool: rows exact,
+    every call through the cache in stream order, a Zipf stream mostly held, bad ids still counted,
+    and close disarms it (tests/gpu/test_hot_cache_gpu.py has the host path's side)."""
     with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_strategy=strategy,
-                      hot_cache_bytes=8 << 20, hot_cache_refresh_every=4, strict_ids=True,
-                      lookup_path="uva") as client:
+                      hot_cache_bytes=8 << 20, strict_ids=True, lookup_path="uva") as client:
         table = client.table(14)
-        assert table.hot_cache is not None and table.max_programs >= 1
+        cache = table._rows.hbm_cache
+        assert cache is not None and client._state.pool is None and table.max_programs >= 1
         rng = np.random.default_rng(7)
         for step in range(12):
             ids = (rng.zipf(1.2, 20000) * 7919) % table.num_rows  # hot rows, scattered over the table
             out = table.lookup(torch.from_numpy(ids).cuda())
             assert_bf16_exact(out, *demo_rows(0, 14, ids, 256))
-        assert table.hot_cache.refreshes >= 2 and table.hot_cache.keys.numel() > 0
-        slots = table.hot_cache.slots(torch.from_numpy(ids).cuda())
-        assert int((slots >= 0).sum()) > ids.size // 2, "a Zipf stream should mostly hit the cache"
-        bad = torch.tensor([int(table.hot_cache.keys[0]), -1, table.num_rows], device="cuda")
+        assert int(cache.control[0]) == 12, "every call classified and committed, in stream order"
+        held = torch.cat([cache.fixed_keys[:cache.fixed_count], cache.recent_keys[cache.recent_keys >= 0]])
+        assert int(torch.isin(torch.from_numpy(ids).cuda(), held).sum()) > ids.size // 2, \
+            "a Zipf stream should mostly be held by the cache"
+        assert_bf16_exact(table.lookup(held), *demo_rows(0, 14, held.cpu().numpy(), 256))
+        bad = torch.tensor([int(held[0]), -1, table.num_rows], device="cuda")
         with pytest.raises(IdsOutOfRangeError, match="2 ids in finished lookups"):
             table.lookup(bad)
+    assert not cache.armed
 
 
 def test_hot_row_cache_needs_cuda_and_a_sane_budget(demo_daemon):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from engram_client.lookup.host import _host_gather
-from engram_client.lookup.host.hot_cache import SKIP_ID, cache_report, layer_budgets
+from engram_client.lookup.cache.layer_caches import cache_report, layer_budgets
+from engram_client.lookup.cache.row_cache import SKIP_ID
 from engram_client.lookup.host.host_lookup import IDS_IN_PLACE, open_pool
 from test_stream_signal import ROW_BYTES, ROWS, SimulatedStream, wait_until
 

@@ -30,7 +30,6 @@ def test_defaults_are_valid_and_the_config_is_frozen():
     ({"gather_threads": 0}, "gather_threads must be an int from 1 to 1024, got 0"),
     ({"gather_threads": 2.5}, "gather_threads must be an int"),
     ({"hot_cache_bytes": -1}, "hot_cache_bytes must be a non-negative int"),
-    ({"hot_cache_refresh_every": 0}, "hot_cache_refresh_every must be a positive int"),
 ])
 def test_each_bad_option_is_named(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -48,4 +47,15 @@ def test_auto_takes_the_host_path_unless_the_uva_kernel_is_clearly_faster():
     assert LookupConfig(path="uva").choose_path(10) == "uva"
     assert LookupConfig(path="host", gather_threads=1).choose_path(10**8) == "host"
     assert LookupConfig(hot_cache_bytes=1 << 20).choose_path(10**6) == "host"  # the HBM cache fronts the gather
-    assert LookupConfig(hot_cache_bytes=1 << 20, path="uva").choose_path(10) == "uva"  # the UVA path's own cache
+    assert LookupConfig(hot_cache_bytes=1 << 20, path="uva").choose_path(10) == "uva"  # the same cache, its own fetch
+
+
+def test_the_old_uva_cache_refresh_setting_is_refused_by_name(tmp_path):
+    """One HBM cache serves both paths now, with nothing to refresh: the setting the UVA path's own
+    cache had is refused, not ignored (no socket is opened: the refusal comes first)."""
+    from engram_client import EngramClient
+
+    with pytest.raises(TypeError, match="hot_cache_refresh_every"):
+        LookupConfig(hot_cache_refresh_every=16)
+    with pytest.raises(ValueError, match="hot_cache_refresh_every is gone: the HBM cache has no refresh"):
+        EngramClient(endpoint=f"ipc://{tmp_path}/engramd.sock", device="cpu", hot_cache_refresh_every=16)

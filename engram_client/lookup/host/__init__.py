@@ -2,10 +2,10 @@
 per subsystem with the ``.h`` others may call, laid out in ``engine/common.h``; built as
 ``engram_client.lookup.host._host_gather``), the copy engine moves them, ``dequant_kernel.py``
 dequantizes them in HBM; ``host_lookup.py`` launches it all.
-``hot_cache.py`` (with ``hot_cache_kernels.py``) is the HBM hot-row cache in front of the gather.
+The HBM row cache in front of the gather is ``engram_client.lookup.cache``, shared with the UVA path.
 
 Must not import: ``engram_client.lookup.table``, ``engram_client.lookup.layer_table`` (the dispatch above
-it), ``engram_client.lookup.uva.uva_lookup``, ``engram_client.lookup.uva.hot_rows``.
+it), ``engram_client.lookup.uva.uva_lookup``, ``engram_client.lookup.uva.cached_lookup``.
 
 The dequant kernel shares one Triton helper with the UVA kernel (its row fetch, in the UVA path's
 ``lookup_kernel.py``); nothing else of that path is used here.

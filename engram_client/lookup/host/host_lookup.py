@@ -73,7 +73,7 @@ class _Slot:
         self.keep = None  # a graph's host ids buffer, read at every replay (and its cache's control word)
 
     def add_cache_buffers(self, capacity: int, stream: torch.cuda.Stream, graph: bool) -> None:
-        """The HBM cache's per-call buffers (hot_cache.py); also for a slot made before its table had a cache."""
+        """The HBM cache's per-call buffers (lookup/cache/row_cache.py); also for a slot made before its table had a cache."""
         with torch.cuda.stream(stream):
             self.slotmap = torch.empty(capacity, dtype=torch.int32, device=stream.device)
             self.gather = torch.empty(capacity, dtype=torch.int64, device=stream.device)
@@ -85,7 +85,7 @@ class HostPath:
     def __init__(self, pool, head_dim: int, row_bytes: int, device: torch.device, stream, config, cache=None):
         self.pool, self.head_dim, self.row_bytes, self.device = pool, head_dim, row_bytes, device
         self.stream, self.config = stream, config
-        self.cache = cache  # an HbmRowCache (hot_cache.py), or None
+        self.cache = cache  # an HbmRowCache (lookup/cache/row_cache.py), or None
         self._slots: list[_Slot] = []
         self._graph_slots: list[_Slot] = []
         self._lock = threading.Lock()  # two threads prefetching on one table must not take one slot
@@ -107,7 +107,7 @@ class HostPath:
         """Take ``cache`` (or None), its kernels compiled now: attach or refresh, never a capture."""
         kernels = None
         if cache is not None:
-            from .hot_cache_kernels import CacheKernels
+            from ..cache.kernels import CacheKernels
 
             kernels = CacheKernels(cache, self.config.out_dtype, self.device)
         self._cache, self._cache_kernels = cache, kernels
@@ -177,7 +177,7 @@ class HostPath:
 
     def _cached_enqueue(self, table, slot: _Slot, flat: torch.Tensor, n: int, on_host: bool, capturing: bool,
                         caller: int, out: torch.Tensor) -> None:
-        """Classify on the GPU, gather only the misses, serve (hot_cache.py has the diagram).  Lock held."""
+        """Classify on the GPU, gather only the misses, serve (lookup/cache/row_cache.py has the diagram).  Lock held."""
         cache, kernels, raw = self._cache, self._cache_kernels, self._raw_stream
         cache.check_call(n)
         if slot.slotmap is None:  # made before the table had a cache (a refresh added one); free, not a graph's

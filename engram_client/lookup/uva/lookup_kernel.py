@@ -40,25 +40,9 @@ def _fetch_rows(table_ptr, ids, fetch, ROW_BYTES: tl.constexpr, HEAD_DIM: tl.con
 
 
 @triton.jit
-def _rows_for(table_ptr, ids, want, slot_ptr, cache_ptr, r, in_call, ROW_BYTES: tl.constexpr,
-              HEAD_DIM: tl.constexpr, OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr):
-    """Rows for ``ids`` where ``want``: from the hot-row cache where it holds them, else over PCIe."""
-    if HAS_CACHE:
-        slot = tl.load(slot_ptr + r, mask=in_call, other=-1)
-        hit = want & (slot >= 0)
-        fetched = _fetch_rows(table_ptr, ids, want & ~hit, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
-        cols = tl.arange(0, HEAD_DIM)
-        cached = tl.load(cache_ptr + tl.where(hit, slot, 0)[:, None] * HEAD_DIM + cols[None, :],
-                         mask=hit[:, None], other=0)
-        return tl.where(hit[:, None], cached, fetched)
-    else:
-        return _fetch_rows(table_ptr, ids, want, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
-
-
-@triton.jit
-def _lookup_kernel(table_ptr, ids_ptr, perm_ptr, out_ptr, bad_ptr, slot_ptr, cache_ptr, n_ids, row_lo, row_hi,
+def _lookup_kernel(table_ptr, ids_ptr, perm_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
                    ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   OUT_DTYPE: tl.constexpr, HAS_CACHE: tl.constexpr, SORTED: tl.constexpr):
+                   OUT_DTYPE: tl.constexpr, SORTED: tl.constexpr):
     """Direct: the row of ids[r] goes to out[r].  SORTED: ids_ptr holds the ids sorted and
     perm_ptr where each came from; each distinct id is fetched once, in address order, and
     written where its first occurrence goes (_copy_duplicates_kernel fills in the repeats).
@@ -79,8 +63,7 @@ def _lookup_kernel(table_ptr, ids_ptr, perm_ptr, out_ptr, bad_ptr, slot_ptr, cac
         else:
             write = in_call
             dest = r
-        out = _rows_for(table_ptr, ids - row_lo, write & valid, slot_ptr, cache_ptr, r, in_call, ROW_BYTES,
-                        HEAD_DIM, OUT_DTYPE, HAS_CACHE)
+        out = _fetch_rows(table_ptr, ids - row_lo, write & valid, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
         tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out, mask=write[:, None])
     if bad > 0:
         tl.atomic_add(bad_ptr, bad)
@@ -104,16 +87,6 @@ def _copy_duplicates_kernel(sorted_ptr, perm_ptr, run_start_ptr, out_ptr, n_ids,
         tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], v, mask=dup[:, None])
 
 
-def _cache_args(cache, ids: torch.Tensor, out: torch.Tensor):
-    """(slots, cached rows) for the kernels, or (None, None) without a filled cache."""
-    slots = cache.slots(ids) if cache is not None else None
-    if slots is None:
-        return None, None
-    if cache.rows.dtype != out.dtype:
-        raise EngramError(f"hot-row cache holds {cache.rows.dtype} rows, the output is {out.dtype}")
-    return slots, cache.rows
-
-
 def _grid(n: int, block_rows: int, max_programs: int | None) -> tuple[int]:
     blocks = triton.cdiv(n, block_rows)
     return (blocks if not max_programs else max(1, min(blocks, max_programs)),)
@@ -121,7 +94,7 @@ def _grid(n: int, block_rows: int, max_programs: int | None) -> tuple[int]:
 
 def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
                         row_lo: int, row_hi: int, head_dim: int, row_bytes: int,
-                        config: LookupConfig = DEFAULT_CONFIG, cache=None) -> None:
+                        config: LookupConfig = DEFAULT_CONFIG) -> None:
     """Like launch_lookup, but each distinct id crosses PCIe once, in address order.
 
     Sort, then fetch first occurrences, then copy repeats within HBM: every step has a size
@@ -137,11 +110,10 @@ def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tenso
     is_first = torch.ones(n, dtype=torch.bool, device=ids.device)
     is_first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     run_start = torch.cummax(positions * is_first, 0).values
-    slots, rows = _cache_args(cache, sorted_ids, out)
     grid = _grid(n, block_rows, config.max_programs)
-    _lookup_kernel[grid](table, sorted_ids, perm, out, bad_count, slots, rows, n, row_lo, row_hi,
+    _lookup_kernel[grid](table, sorted_ids, perm, out, bad_count, n, row_lo, row_hi,
                          ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
-                         HAS_CACHE=slots is not None, SORTED=True, num_warps=num_warps)
+                         SORTED=True, num_warps=num_warps)
     _copy_duplicates_kernel[grid](sorted_ids, perm, run_start, out, n, HEAD_DIM=head_dim, BLOCK_R=block_rows,
                                   num_warps=num_warps)
 
@@ -174,8 +146,8 @@ def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> N
 
 
 def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
-                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int, config: LookupConfig = DEFAULT_CONFIG,
-                  cache=None) -> None:
+                  row_lo: int, row_hi: int, head_dim: int, row_bytes: int,
+                  config: LookupConfig = DEFAULT_CONFIG) -> None:
     """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi); the grid,
     block and warps come from ``config``."""
     _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
@@ -184,7 +156,6 @@ def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad
         return
     block_rows, num_warps = config.block_rows, config.num_warps
     grid = _grid(n, block_rows, config.max_programs)
-    slots, rows = _cache_args(cache, ids, out)
-    _lookup_kernel[grid](table, ids, None, out, bad_count, slots, rows, n, row_lo, row_hi, ROW_BYTES=row_bytes,
+    _lookup_kernel[grid](table, ids, None, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes,
                          HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
-                         HAS_CACHE=slots is not None, SORTED=False, num_warps=num_warps)
+                         SORTED=False, num_warps=num_warps)

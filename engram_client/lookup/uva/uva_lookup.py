@@ -3,7 +3,8 @@
 Ids from the host were range-checked there (so the kernel's count stays zero and needs no copy
 back); ids on the GPU are counted by the kernel, and the count is copied into pinned memory
 and watched by the table's OutOfRangeLedger: ``wait()`` does not block the host for it (strict
-mode aside).  The hot-row cache, when a client has one, serves this path.
+mode aside).  With the table's HBM row cache (``hbm_cache``) a call reads only its misses over PCIe
+(cached_lookup.py), whatever the strategy.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ DEDUP_MIN_ROWS = 131072
 
 
 def uva_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
+    from .cached_lookup import launch_cached_lookup
     from .lookup_kernel import launch_lookup, launch_lookup_dedup
 
     config, device, stream = table.config, table.device, table.stream
@@ -37,17 +39,18 @@ def uva_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchH
     stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
     with torch.cuda.stream(stream):
         bad_count = table._unused_count() if host_checked else torch.zeros(1, dtype=torch.int32, device=device)
-        refresh_due = table.hot_cache is not None and table.hot_cache.observe(flat)
-        dedup = config.strategy == "dedup" or (config.strategy == "auto" and flat.numel() >= DEDUP_MIN_ROWS)
-        launch = launch_lookup_dedup if dedup else launch_lookup
-        launch(table.rows_view, flat, out, bad_count, table.row_lo, table.row_hi, table.head_dim,
-               table.layout.row_bytes, config, cache=table.hot_cache)
+        if table.hbm_cache is not None:
+            launch_cached_lookup(table.rows_view, flat, out, bad_count, table.row_lo, table.row_hi, table.head_dim,
+                                 table.layout.row_bytes, config, table.hbm_cache, table.cache_kernels(), stream)
+        else:
+            dedup = config.strategy == "dedup" or (config.strategy == "auto" and flat.numel() >= DEDUP_MIN_ROWS)
+            launch = launch_lookup_dedup if dedup else launch_lookup
+            launch(table.rows_view, flat, out, bad_count, table.row_lo, table.row_hi, table.head_dim,
+                   table.layout.row_bytes, config)
         if count_host is not None:
             count_host.copy_(bad_count, non_blocking=True)
         event = torch.cuda.Event()
         event.record(stream)
-        if refresh_due:
-            table.refresh_hot_rows()
     flat.record_stream(stream)
     out.record_stream(stream)
     if count_host is not None:
@@ -55,8 +58,3 @@ def uva_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchH
     return PrefetchHandle(out, shape, table._describe(), event=event, ledger=table.ledger,
                           strict=config.strict_ids, keep_alive=(flat, bad_count), timeout=config.wait_timeout)
 
-
-def refresh_hot_rows(table) -> None:
-    """Re-choose the table's cached rows from the ids seen lately, on the prefetch stream."""
-    with torch.cuda.stream(table.stream):
-        table.hot_cache.refresh(table.rows_view, table.row_lo, table.row_hi, table.layout.row_bytes, table.config)

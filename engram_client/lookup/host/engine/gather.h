@@ -38,7 +38,7 @@ typedef struct Job {
 /* `users` of a signalled job whose run its last worker ended: nobody joins it until it starts again. */
 #define USERS_CLOSED (1 << 30)
 
-/* The classify kernel of the HBM cache (hot_cache_kernels.py) marks its hits so; it never passes a
+/* The classify kernel of the HBM cache (lookup/cache/kernels.py) marks its hits so; it never passes a
  * caller's id through unchanged where that id is out of range (it writes -2 instead), so a caller's -1
  * is still counted bad. */
 #define SKIP_ID (-1)

@@ -77,7 +77,7 @@ static void test_slot_dealloc(SignalTestSlotObject *self) {
 static PyObject *test_slot_prepare(SignalTestSlotObject *self, PyObject *args) {
     unsigned long long table, ids, counter;
     long long row_lo, row_hi, n, nchunks;
-    int where, ids64, skip_marked = 0;  /* skip_marked: ids the HBM cache holds are SKIP_ID (hot_cache.py) */
+    int where, ids64, skip_marked = 0;  /* skip_marked: ids the HBM cache holds are SKIP_ID (lookup/cache/row_cache.py) */
     if (!PyArg_ParseTuple(args, "KLLKipLKL|p", &table, &row_lo, &row_hi, &ids, &where, &ids64, &n, &counter, &nchunks,
                           &skip_marked))
         return NULL;

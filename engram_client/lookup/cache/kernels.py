@@ -1,12 +1,13 @@
-"""The HBM hot-row cache's two kernels, in Triton, on the host path's prefetch stream.
+"""The HBM row cache's kernels, in Triton, on the prefetch stream of whichever path serves the call.
 
-``classify`` runs before the gather: for every id it looks in the fixed part (sorted keys, a
-binary search) and the recency part (a set-associative table: the id's set, WAYS keys), and writes
+``classify`` runs before the misses are fetched (the host gather, or uva/cached_lookup.py): for
+every id it looks in the fixed part (sorted keys, a binary search) and the recency part (a
+set-associative table: the id's set, WAYS keys), and writes
 
   slotmap[i]  >= 0: row slotmap[i] of the fixed part;  <= -2: slot -2 - slotmap[i] of the recency
               part;  -1: a miss, read from staging row i
-  gather[i]   the id for the host gather, or SKIP_ID (-1) for a hit, which the gather neither
-              reads nor counts (ids out of range become -2: the gather zeroes and counts them)
+  gather[i]   the id to fetch, or SKIP_ID (-1) for a hit, which the fetch neither reads nor
+              counts (ids out of range become OUTSIDE_ID, -2: the fetch zeroes and counts them)
 
 It stamps each recency way it hits with the call's sequence number and, per set, keeps the
 largest claim of the call's misses there (atomic max of seq << POSITION_BITS | i + 1).
@@ -28,8 +29,8 @@ import triton
 import triton.language as tl
 
 from ..uva.lookup_kernel import OUT_DTYPES, _fetch_rows
-from .compiled_launch import CompiledLaunch
-from .hot_cache import POSITION_BITS, WAYS
+from ..host.compiled_launch import CompiledLaunch
+from .row_cache import POSITION_BITS, WAYS, on_device
 
 CLASSIFY_BLOCK = 256
 SERVE_BLOCK = 16
@@ -91,7 +92,9 @@ def _serve_kernel(staging_ptr, out_ptr, n, slotmap_ptr, fixed_rows_ptr, rec_rows
     armed = tl.load(control_ptr + 2) != 0
     cols = tl.arange(0, HEAD_DIM)
     for block in range(tl.program_id(0), tl.cdiv(n, BLOCK_R), tl.num_programs(0)):
-        r = block.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        # block * BLOCK_R < 2^26 (MAX_CALL_IDS) in int32; r is int64 (r * HEAD_DIM can pass 2^31).  No
+        # .to() on block: Triton's interpreter runs this loop over Python ints.
+        r = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
         in_call = r < n
         where = tl.load(slotmap_ptr + r, mask=in_call, other=-1).to(tl.int64)
         from_fixed = in_call & armed & (where >= 0)
@@ -162,13 +165,27 @@ def search_steps(n_fixed: int) -> int:
 SAMPLE_IDS = 413  # the ids of the calls the kernels are compiled for: not 1, not a multiple of 16 (compiled_launch.py)
 
 
+class JitLaunch:
+    """CompiledLaunch's interface where there is no compiled runner to prove: tensors on the CPU,
+    in Triton's interpreter (TRITON_INTERPRET=1).  Every call is the JIT's launch."""
+
+    fast = False
+
+    def __init__(self, kernel, sample: tuple, constants: dict, device: torch.device):
+        self.kernel, self.constants = kernel, constants
+
+    def __call__(self, grid: int, stream, raw_stream: int, *args) -> None:
+        self.kernel[(grid,)](*args, **self.constants)
+
+
 class CacheKernels:
     """The cache's kernels compiled for one cache and output dtype (compiled_launch.py): built when
-    the host path takes the cache (attach, refresh), never under a capture."""
+    a path takes the cache (attach, refresh, a UVA path's first cached call), never under a capture."""
 
     def __init__(self, cache, out_dtype, device):
         n, rows = SAMPLE_IDS, cache.row_bytes
-        with torch.cuda.device(device):
+        launcher = CompiledLaunch if device.type == "cuda" else JitLaunch
+        with on_device(device):
             ids = {dtype: torch.zeros(n, dtype=dtype, device=device) for dtype in (torch.int32, torch.int64)}
             slotmap = torch.zeros(n, dtype=torch.int32, device=device)
             gather = torch.zeros(n, dtype=torch.int64, device=device)
@@ -176,18 +193,18 @@ class CacheKernels:
             out = torch.zeros((n, cache.head_dim), dtype=out_dtype, device=device)
         self.cache, self.out_dtype = cache, out_dtype
         self._search = search_steps(cache.fixed_count)
-        self._classify = {dtype: CompiledLaunch(_classify_kernel, self._classify_args(sample, n, cache.row_lo,
+        self._classify = {dtype: launcher(_classify_kernel, self._classify_args(sample, n, cache.row_lo,
                                                                                       cache.row_hi, slotmap, gather),
                                                 dict(BLOCK=CLASSIFY_BLOCK, WAYS_=WAYS, POS_BITS=POSITION_BITS), device)
                           for dtype, sample in ids.items()}
-        self._serve = CompiledLaunch(_serve_kernel, (staging, out, n, slotmap, cache.fixed_rows, cache.recent_rows,
+        self._serve = launcher(_serve_kernel, (staging, out, n, slotmap, cache.fixed_rows, cache.recent_rows,
                                                      cache.control),
                                      dict(ROW_BYTES=rows, HEAD_DIM=cache.head_dim, BLOCK_R=SERVE_BLOCK,
                                           OUT_DTYPE=OUT_DTYPES[out_dtype]), device)
-        self._insert = CompiledLaunch(_insert_kernel, (n, gather, slotmap, cache.recent_keys, cache.recent_stamps,
+        self._insert = launcher(_insert_kernel, (n, gather, slotmap, cache.recent_keys, cache.recent_stamps,
                                                        cache.claims, cache.sets, cache.control),
                                       dict(BLOCK_R=INSERT_BLOCK, WAYS_=WAYS, POS_BITS=POSITION_BITS), device)
-        self._move = CompiledLaunch(_move_rows_kernel, (staging, n, gather, cache.recent_rows),
+        self._move = launcher(_move_rows_kernel, (staging, n, gather, cache.recent_rows),
                                     dict(ROW_BYTES=rows, BLOCK=MOVE_BLOCK), device)
         # The serve side's arguments are the host path's own buffers and the cache's: checked once here.
         self._serve_fast = self._serve.fast and self._insert.fast and self._move.fast
