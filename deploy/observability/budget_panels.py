@@ -1,4 +1,4 @@
-"""The dashboard's rows for the node's gather budget (README.md, "The node's gather budget").
+"""The dashboard's rows for the node's gather budget (docs/operating.md, "The node's gather budget").
 
 Per client (labels client, rank, cpus), from the counters its heartbeats report, so a figure
 moves once per heartbeat (a third of --lease-seconds): its pool's threads, rows gathered,
