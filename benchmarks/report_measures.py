@@ -124,16 +124,19 @@ def ranks(doc) -> list[tuple]:
     pool alone (the way before the budget), then ranks.judge's targets as the run judged them."""
     rows = []
     by_mode = {doc.get("modes", i, "mode"): i for i in range(len(doc.get("modes")))}
-    for index, case in enumerate(doc.get("modes", by_mode.get("budget", 0), "cases")):
+    for index in range(len(doc.get("modes", by_mode.get("budget", 0), "cases"))):
         at = ("modes", by_mode.get("budget", 0), "cases", index)
         name, n = doc.get(*at, "case"), doc.get(*at, "ranks")
         if name not in ("6,144", "393,216"):
             continue
         alone = NONE
         if "alone" in by_mode:
-            match = [c for c in doc.get("modes", by_mode["alone"], "cases") if (c["case"], c["ranks"]) == (name, n)]
-            alone = f"{match[0]['node_Mrows_s']:.1f} M (each rank alone)" if match else NONE
-        rows.append(row(f"node rows/s, {n} ranks at {name} rows", f"{doc.get(*at, 'node_Mrows_s'):.1f} M", alone, NONE))
+            others = ("modes", by_mode["alone"], "cases")
+            match = [i for i in range(len(doc.get(*others)))
+                     if (doc.get(*others, i, "case"), doc.get(*others, i, "ranks")) == (name, n)]
+            alone = f"{doc.get(*others, match[0], 'node_Mrows_s'):.1f} M (each rank alone)" if match else NONE
+        rows.append(row(f"node rows/s, {n} rank{'s' if n > 1 else ''} at {name} rows",
+                        f"{doc.get(*at, 'node_Mrows_s'):.1f} M", alone, NONE))
     for index in range(len(doc.get("targets"))):
         t = ("targets", index)
         rows.append((doc.get(*t, "target"), doc.get(*t, "figure"), NONE, NONE, doc.get(*t, "goal"),
