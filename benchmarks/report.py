@@ -76,7 +76,7 @@ class Result:
 
 def table(result: Result, title: str, rows_of) -> str:
     meta = ("meta",)
-    machine = f"{result.get(*meta, 'machine', 'gpu')}, {result.get(*meta, 'machine', 'cpus')} CPUs " \
+    machine = f"{result.get(*meta, 'machine', 'gpu') or 'no GPU'}, {result.get(*meta, 'machine', 'cpus')} CPUs " \
               f"({result.get(*meta, 'machine', 'host')})"
     head = [f"### {title}", "",
             f"{machine}, {result.get(*meta, 'date')}, commit {str(result.get(*meta, 'commit'))[:12]}: "

@@ -10,12 +10,14 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 
 import pytest
 
 from benchmarks import report
 from benchmarks.engine_e2e import busy_summary
 from benchmarks.ranks import judge
+from engram_client.tools.run_meta import run_meta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = os.path.join(ROOT, "docs", "BENCHMARKS.md")
@@ -167,3 +169,13 @@ def test_write_replaces_only_the_generated_part(tmp_path):
     page.write_text("# Benchmarks\n\nno markers\n")
     with pytest.raises(SystemExit, match="no generated part"):
         report.main([path, "--write", str(page)])
+
+
+def test_the_meta_engramd_bench_records_is_what_the_report_reads(tmp_path):
+    """run_meta on this machine (git, os, no GPU here): the page names the run's commit and machine."""
+    recorded = run_meta("engramd bench --json docs/results/bench.json")
+    [path] = write(tmp_path, {"bench": dict(bench(), meta=recorded)})
+    text = report.render([path])
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert f"CPUs ({recorded['machine']['host']}), {recorded['date']}, commit {(head or None)!s:.12}: " \
+           "`engramd bench --json docs/results/bench.json` (bench.json)" in text
