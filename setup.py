@@ -1,4 +1,6 @@
 """Build step for the C extensions; everything else is in pyproject.toml."""
+import glob
+
 from setuptools import Extension, setup
 
 setup(ext_modules=[
@@ -6,27 +8,9 @@ setup(ext_modules=[
     # time). Required: the host path and the CPU lookups have no other gather.
     Extension(
         "engram_client.lookup.host._host_gather",
-        sources=["engram_client/lookup/host/_host_gather.c"],
-        depends=[
-            "engram_client/lookup/host/_gather_cuda.h",
-            "engram_client/lookup/host/_gather_job.h",
-            "engram_client/lookup/host/_gather_block.h",
-            "engram_client/lookup/host/_gather_pool.h",
-            "engram_client/lookup/host/_gather_tuning.h",
-            "engram_client/lookup/host/_host_gather_staged.h",
-            "engram_client/lookup/host/_stream_signal.h",
-            "engram_client/lookup/host/_signal_support.h",
-            "engram_client/lookup/host/_signal_test_slot.h",
-            "engram_client/lookup/host/_signal_watch.h",
-            "engram_client/lookup/host/_staged_enqueue.h",
-            "engram_client/lookup/host/_node_budget.h",
-            "engram_client/lookup/host/_node_budget_tokens.h",
-            "engram_client/lookup/host/_node_budget_pool.h",
-            "engram_client/lookup/host/_node_budget_open.h",
-            "engram_client/lookup/host/_node_budget_py.h",
-            "engram_client/lookup/host/_prefill_crew.h",
-            "engram_client/lookup/host/_module_functions.h",
-        ],
+        # One .c per subsystem of the engine, each with the .h others may call (engine/common.h lays them out).
+        sources=sorted(glob.glob("engram_client/lookup/host/engine/*.c")),
+        depends=sorted(glob.glob("engram_client/lookup/host/engine/*.h")),
         extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-Wall", "-Wno-missing-braces"],
         extra_link_args=["-pthread"],
         libraries=["dl"],

@@ -20,7 +20,7 @@ ranks run at), ``batch`` (SCHED_BATCH) and ``idle`` (SCHED_IDLE: a prefill's thr
 up the moment another thread wakes on it), and ``crew``: the product's own way to the same end,
 the neighbours at normal priority on a budget that asks for a prefill crew (engramd
 --prefill-gathers idle: each pool gathers prefill-size jobs on threads of its own at SCHED_IDLE,
-_prefill_crew.h; the decode pool has one too, unused), and ``decode``: the neighbours at normal priority
+engram_client/lookup/host/engine/crew.c; the decode pool has one too, unused), and ``decode``: the neighbours at normal priority
 on a budget that keeps --decode-cpus of its tokens and CPUs (the last ones) for decode-size calls
 (engramd --decode-cpus: each pool's prefill crew at normal priority off those CPUs, its spares at
 SCHED_IDLE on them).  For each: the decode call alone and beside the

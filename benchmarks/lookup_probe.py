@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 
 import torch
@@ -25,6 +26,12 @@ from benchmarks.common import p90, thread_sched_ns, write_json
 from engram_client import EngramClient
 
 WARM = 5
+
+
+def caller_sched_ns() -> int:
+    """ns this thread (the engine's, enqueueing the lookup) sat runnable, waiting for a CPU."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        return int(f.read().split()[1])
 COUNTERS = ("wait_s", "acquired", "yields", "small_waits", "rows")
 
 
@@ -35,24 +42,27 @@ def probe(client, rows: int, calls: int, gap_s: float) -> dict:
     for _ in range(WARM + calls):
         ids = torch.randint(0, table.num_rows, (rows,), device=client.device)
         before = budget.stats() if budget is not None else {}
-        sched_before = thread_sched_ns()
+        sched_before, caller_before = thread_sched_ns(), caller_sched_ns()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         table.prefetch(ids).wait()
         end.record()
         end.synchronize()
         after = budget.stats() if budget is not None else {}
-        sched_after = thread_sched_ns()
+        sched_after, caller_after = thread_sched_ns(), caller_sched_ns()
         times.append(start.elapsed_time(end))
         deltas.append({k: after[k] - before[k] for k in COUNTERS if k in after} |
                       {"workers_ran_ms": (sched_after[0] - sched_before[0]) * 1e-6,
-                       "workers_queued_ms": (sched_after[1] - sched_before[1]) * 1e-6})
+                       "workers_queued_ms": (sched_after[1] - sched_before[1]) * 1e-6,
+                       "caller_queued_ms": (caller_after - caller_before) * 1e-6})
         time.sleep(gap_s)
     times, deltas = times[WARM:], deltas[WARM:]
     result = {"median_ms": statistics.median(times), "p90_ms": p90(times),
               "slowest": sorted(zip(times, deltas), key=lambda pair: -pair[0])[:3],
               "workers_ran_ms_per_call": statistics.median(d["workers_ran_ms"] for d in deltas),
-              "workers_queued_ms_per_call": statistics.median(d["workers_queued_ms"] for d in deltas)}
+              "workers_queued_ms_per_call": statistics.median(d["workers_queued_ms"] for d in deltas),
+              "workers_queued_ms_p90": p90([d["workers_queued_ms"] for d in deltas]),
+              "caller_queued_ms_p90": p90([d["caller_queued_ms"] for d in deltas])}
     if budget is not None:
         result.update(wait_ms_per_call=statistics.median(d["wait_s"] * 1e3 for d in deltas),
                       tokens_per_call=statistics.median(d["acquired"] for d in deltas),

@@ -10,13 +10,14 @@ cd "$(dirname "$(readlink -f "$0")")/.."  # the clone, from any directory and th
 # hash and lookup kernels (tests/unit/*_interpreted.py) need 3.9+, about 6 s each on 2 CPUs; the
 # wheel is 286 MB (1 GB installed) and asks nothing of torch 2.13.0's CPU build.
 TRITON=3.9.0
-# The C extensions are built in place at install, each beside its sources; a source newer than
+# The C extensions are built in place at install, each beside its sources (the gather engine's sit a
+# folder below, in lookup/host/engine/); a source newer than
 # its built extension (a pull, a branch switch) would leave the old code running, so that rebuilds them.
 extensions_stale() {
   local so
   for so in engram_client/lookup/host/_*.so engram_client/hashing/_*.so; do
     [ -e "$so" ] || continue
-    [ -z "$(find "$(dirname "$so")" -maxdepth 1 \( -name '*.c' -o -name '*.h' \) -newer "$so")" ] || return 0
+    [ -z "$(find "$(dirname "$so")" -maxdepth 2 \( -name '*.c' -o -name '*.h' \) -newer "$so")" ] || return 0
     [ ! setup.py -nt "$so" ] || return 0
   done
   return 1

@@ -3,7 +3,7 @@
 After fork(2) the child has the parent's mapping, but not its threads (the gather pool's
 and libzmq's I/O thread), not a usable CUDA context, and any lock held at the moment of
 the fork stays held forever.  So in a child the connection refuses every request
-(connection.py), the gather pool refuses every lookup (_host_gather.c), both with
+(connection.py), the gather pool refuses every lookup (lookup/host/engine/pool_type.c), both with
 NotAttachedError, and releasing the client only retires its tables and unmaps the child's
 copy of the mapping: no detach (the lease is the parent's), no CUDA call, no lock.
 

@@ -1,6 +1,6 @@
 """The node's gather budget as shared memory: its layout, seen from Python.
 
-engram_client/lookup/host/_node_budget.h is the code that schedules on it and draws the whole layout; this
+engram_client/lookup/host/engine/budget.h is the code that schedules on it and draws the whole layout; this
 module holds what the daemon needs to create one and to read it for status, and the
 client's side of handing it over:
 
@@ -34,7 +34,7 @@ SLOTS_AT, SLOT_BYTES = 4096, 128
 GROUPS_AT, GROUP_BYTES = 16384, 40960
 FILE_BYTES = GROUPS_AT + MAX_GROUPS * GROUP_BYTES
 SMALL_ROWS = 16384  # a call of at most this many rows is decode-size: it goes first
-FLAG_PREFILL_IDLE = 1  # the header's flags: ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
+FLAG_PREFILL_IDLE = 1  # the header's flags: ranks gather prefill-size calls at SCHED_IDLE (lookup/host/engine/crew.c)
 PREFILL_GATHERS = {"normal": 0, "idle": FLAG_PREFILL_IDLE}  # engramd --prefill-gathers: the flags each sets
 FLAG_NO_SPARES = 2  # ... and no spares of the prefill crews on the decode CPUs (engramd --decode-spares off)
 DECODE_SPARES = {"idle": 0, "off": FLAG_NO_SPARES}  # engramd --decode-spares: the flags each sets

@@ -37,7 +37,7 @@ class ServeConfig:
     numa_node: int | None = None
     numa_replicas: str | None = None  # "all" or a node list: one table copy per node (daemon/replicas.py)
     gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
-    prefill_gathers: str = "normal"  # "idle": ranks gather prefill-size calls at SCHED_IDLE (_prefill_crew.h)
+    prefill_gathers: str = "normal"  # "idle": ranks gather prefill-size calls at SCHED_IDLE (lookup/host/engine/crew.c)
     decode_cpus: str = "auto"  # CPUs per budget group kept from prefill gathers (daemon/decode_cpus.py)
     decode_spares: str = "idle"  # "off": no prefill crew spares at SCHED_IDLE on the decode CPUs
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)

@@ -6,7 +6,7 @@ A rank's decode-size lookup beside prefilling neighbours waits for a CPU, not fo
 woken workers land on cores where prefill token holders of equal priority gather (docs/history/benchmarks-2026-12.md,
 "Decode beside prefill, the host stage on the CPU: where the wait is").  For each group the budget's
 header names D tokens that a prefill-size job never takes, and each rank runs its prefill gathers on
-a crew kept off the group's last D CPUs (engram_client/lookup/host/_prefill_crew.h), so a decode
+a crew kept off the group's last D CPUs (engram_client/lookup/host/engine/crew.c), so a decode
 call finds D idle CPUs and D free tokens at once; its first workers there ask for tokens, and the
 prefill holders elsewhere give theirs back at their next block boundary (small calls first).
 

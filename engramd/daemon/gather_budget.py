@@ -10,7 +10,7 @@ The daemon creates the sealed shared memory the ranks schedule on (engram_client
 and serves it on a unix socket beside its request socket, ``<socket>.budget``, from a thread
 of its own: a connection gets the descriptor and is closed once its peer has read it, a user
 at most UNREAD_PER_USER unread at once (budget_handout.py).  After that the daemon is out of
-the way: ranks take and give back tokens among themselves (engram_client/lookup/host/_node_budget.h), and
+the way: ranks take and give back tokens among themselves (engram_client/lookup/host/engine/budget.h), and
 keep doing so while no daemon runs.  Status reads the kernel's lock table for each group's
 tokens and the counters each client reports in its heartbeats.
 

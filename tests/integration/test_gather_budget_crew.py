@@ -12,7 +12,7 @@ import sys
 from budget_ranks import watcher
 from waiting import end_process, wait_for
 
-STAND_IN = 3  # a grant log entry's `how` for a stand-in (_node_budget.h)
+STAND_IN = 3  # a grant log entry's `how` for a stand-in (engine/budget.h)
 
 
 def crew_policies(pid: int) -> list[int]:

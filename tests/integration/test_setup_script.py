@@ -106,8 +106,8 @@ def test_c_sources_newer_than_their_built_extension_are_rebuilt(tmp_path):
     first = run_setup(tmp_path)
     assert first.returncode == 0
     package = tmp_path / "project" / "engram_client" / "lookup" / "host"
-    package.mkdir(parents=True)
-    built, source = package / "_host_gather.cpython-311-x86_64-linux-gnu.so", package / "_host_gather.c"
+    (package / "engine").mkdir(parents=True)  # the gather engine's sources sit a folder below its extension
+    built, source = package / "_host_gather.cpython-311-x86_64-linux-gnu.so", package / "engine" / "pool.c"
     built.write_bytes(b"")
     source.write_text("/* changed */")
     os.utime(built, (1_000_000, 1_000_000))  # built long before the source changed

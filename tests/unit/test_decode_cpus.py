@@ -9,6 +9,8 @@ decode tokens free).  No timing asserts.
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -89,7 +91,7 @@ def test_prefill_runs_off_the_decode_cpu_and_takes_no_token_that_would_leave_non
         assert pool.prefill_crew == (2, 0) and pool.prefill_spares == (1, [1])
         assert policy_and_cpus(new["engram-prefill"]) == {(os.SCHED_OTHER, frozenset({0}))}
         assert policy_and_cpus(new["engram-spare"]) == {(os.SCHED_IDLE, frozenset({1}))}
-        assert policy_and_cpus(new["engram-gather"]) == {(os.SCHED_OTHER, frozenset({0, 1}))}  # decode: every CPU
+        assert policy_and_cpus(new["engram-gather"]) == {(os.SCHED_OTHER, frozenset({1}))}  # its one worker: decode's CPU
         for seed in range(3):
             gathers_exactly(pool, table, ids_of(4 * PREFILL, seed))
         # Two crew threads, two tokens, one kept for decode: never more than one gathered on a token.
@@ -181,5 +183,47 @@ def test_a_budget_without_spares_keeps_the_crew_off_the_decode_cpu_and_starts_no
             {(os.SCHED_OTHER, frozenset({0}))}
         assert not gather_threads("engram-spare") - before["engram-spare"]
         gathers_exactly(pool, table, ids_of(PREFILL, 5))
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to split")
+def test_decode_size_jobs_stay_on_the_decode_cpus_while_the_crews_hold_the_others(table):
+    """Three workers on two CPUs, one kept for decode: the first worker is pinned there, the others
+    may run on both.  While the crew holds the prefill token (a prefill loop on another thread of this
+    process, on the same pool), the others leave decode-size jobs to it; once the crew lets go, they
+    help again.  Rows exact throughout; counted by the pool, no timing."""
+    before = gather_threads("engram-gather")
+    pool = _host_gather.GatherPool(4, budget=open_budget(2, decode=1, flags=budget_file.FLAG_NO_SPARES), cpus=[0, 1])
+    stop, errors = threading.Event(), []
+
+    def prefill_loop():
+        seed = 100
+        try:
+            while not stop.is_set():
+                gathers_exactly(pool, table, ids_of(4 * PREFILL, seed))
+                seed += 1
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    try:
+        workers = policy_and_cpus(gather_threads("engram-gather") - before)
+        assert workers == {(os.SCHED_OTHER, frozenset({1})), (os.SCHED_OTHER, frozenset({0, 1}))}, workers
+        prefill = threading.Thread(target=prefill_loop)
+        prefill.start()
+        try:
+            seed, deadline = 0, time.monotonic() + 120
+            while pool.decode_stand_backs == 0 and not errors:
+                assert time.monotonic() < deadline, "no decode-size job was left to the decode CPU's worker in 120 s"
+                gathers_exactly(pool, table, ids_of(DECODE, seed))
+                seed += 1
+        finally:
+            stop.set()
+            prefill.join(timeout=120)
+        assert not errors and not prefill.is_alive(), errors
+        stood_back = pool.decode_stand_backs
+        for seed in range(20):  # nobody prefills: every worker helps again
+            gathers_exactly(pool, table, ids_of(DECODE, 1000 + seed))
+        assert pool.decode_stand_backs == stood_back
     finally:
         pool.close()

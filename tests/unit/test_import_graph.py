@@ -6,6 +6,9 @@ cannot be understood, or moved, apart.  A folder states its rules in its __init_
 one place they are written: a paragraph "Must not import: ``a.b``, ``c``" (no module inside the folder
 imports a or c, or anything inside them) and "Imported only by: ``d``" (no module outside the folder
 and outside d imports it).
+
+The host gather engine's C units are held to the same: no circle among their includes, and none
+running up the layering that engine/common.h states.
 """
 from __future__ import annotations
 
@@ -183,3 +186,70 @@ def test_folders_and_modules_stay_small():
     assert too_long == [], f"modules over {MAX_LINES_PER_MODULE} lines"
     crowded = sorted(f"{folder}: {n} modules" for folder, n in per_folder.items() if n > MAX_MODULES_PER_FOLDER)
     assert crowded == [], f"folders over {MAX_MODULES_PER_FOLDER} modules"
+
+
+# The host gather engine (engram_client/lookup/host/engine/) is C: one .c per subsystem, each with the
+# .h others may call.  common.h states the layering once, lowest first; a file includes only headers of
+# its own layer or below, so no two units call each other (a lower one reaches a higher one through an
+# interface it declares, as the pool reaches the node budget and the stream signals).
+ENGINE = os.path.join(ROOTS["engram_client"], "lookup", "host", "engine")
+C_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def c_includes(folder: str) -> dict[str, set[str]]:
+    """Each C source's and header's `#include "..."`s, by file name."""
+    found = {}
+    for file in sorted(os.listdir(folder)):
+        if file.endswith((".c", ".h")):
+            with open(os.path.join(folder, file)) as f:
+                found[file] = set(C_INCLUDE.findall(f.read()))
+    return found
+
+
+def c_layers(folder: str) -> list[str]:
+    """The layering common.h states: the comma-separated names after 'Layering, lowest first:'."""
+    with open(os.path.join(folder, "common.h")) as f:
+        text = f.read()
+    listed = text.split("Layering, lowest first:", 1)[1].split("\n *\n", 2)[1]
+    return [name.strip() for name in listed.replace("*", " ").split(",")]
+
+
+def c_include_violations(includes: dict[str, set[str]], layers: list[str]) -> list[str]:
+    level = {name: i for i, name in enumerate(layers)}
+    found = [f"{file}: its unit is not in the layering" for file in includes if file.rpartition(".")[0] not in level]
+    found += [f"{name}.c has no {name}.h" for name in layers if f"{name}.c" in includes and f"{name}.h" not in includes]
+    found += [f"{name}.c does not include {name}.h" for name in layers
+              if f"{name}.c" in includes and f"{name}.h" not in includes[f"{name}.c"]]
+    for file, targets in sorted(includes.items()):
+        unit, kind = file.rpartition(".")[::2]
+        for target in sorted(targets):
+            if target not in includes or not target.endswith(".h"):
+                found.append(f"{file} includes {target}, which is no header of the engine")
+            elif unit in level and target.rpartition(".")[0] in level:
+                above = level[target.rpartition(".")[0]] - level[unit]
+                if above > 0 or (above == 0 and kind == "h"):
+                    found.append(f"{file} includes {target}, a header above it")
+    return found
+
+
+def test_the_c_include_checker_finds_a_circle_and_an_upward_include(tmp_path):
+    for name, text in {"low.h": '#include "high.h"\n', "high.h": '#include "low.h"\n', "high.c": '#include "low.h"\n',
+                       "low.c": '#include "low.h"\n', "common.h": "/* Layering, lowest first:\n *\n *     low, high\n *\n */\n"}.items():
+        (tmp_path / name).write_text(text)
+    includes = c_includes(str(tmp_path))
+    assert c_layers(str(tmp_path)) == ["low", "high"]
+    assert find_cycle(includes) == ["low.h", "high.h", "low.h"]
+    assert c_include_violations(includes, ["common", "low", "high"]) == [
+        "high.c does not include high.h", "low.h includes high.h, a header above it"]
+
+
+def test_the_gather_engine_is_c_units_without_a_circle():
+    includes = c_includes(ENGINE)
+    layers = c_layers(ENGINE)
+    assert {"pool.c", "pool.h", "budget_pool.c", "signal_set.c", "module.c", "common.h"} <= set(includes)
+    assert layers[0] == "common" and layers[-1] == "module" and len(set(layers)) == len(layers)
+    assert find_cycle(includes) is None, " -> ".join(find_cycle(includes))
+    assert c_include_violations(includes, layers) == []
+    assert "pool.h" in includes["budget_pool.h"] and "budget.h" not in includes["pool.h"]
+    host = os.path.dirname(ENGINE)
+    assert not [f for f in os.listdir(host) if f.endswith((".c", ".h"))], "the host path's C sources belong in engine/"

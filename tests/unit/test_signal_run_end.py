@@ -1,4 +1,4 @@
-"""A signalled run ends once, when its last worker leaves it (job_leave, _stream_signal.h).
+"""A signalled run ends once, when its last worker leaves it (job_leave, engine/pool.c).
 
 On the H200 machine, eight rank processes of 15 gather threads each on 16 CPUs raised "this
 staging slot is still in use by an earlier lookup" for a slot whose in_flight the Python side

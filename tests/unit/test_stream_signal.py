@@ -1,4 +1,4 @@
-"""The stream-signal protocol between gather workers and a stream, on the CPU (_stream_signal.h).
+"""The stream-signal protocol between gather workers and a stream, on the CPU (engine/signal.c).
 
 The suite's machines have no GPU, so a Python thread plays the stream with a SignalTestSlot (a
 signalled slot in plain memory): it writes ARMED into the slot's word as cuStreamWriteValue32

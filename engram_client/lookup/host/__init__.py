@@ -1,6 +1,7 @@
-"""The host lookup path: C threads gather rows into pinned staging (``_host_gather.c`` with its
-``_gather_*.h`` and ``_host_gather_staged.h``, built as ``engram_client.lookup.host._host_gather``), the copy
-engine moves them, ``dequant_kernel.py`` dequantizes them in HBM; ``host_lookup.py`` launches it all.
+"""The host lookup path: C threads gather rows into pinned staging (the engine in ``engine/``, one ``.c``
+per subsystem with the ``.h`` others may call, laid out in ``engine/common.h``; built as
+``engram_client.lookup.host._host_gather``), the copy engine moves them, ``dequant_kernel.py``
+dequantizes them in HBM; ``host_lookup.py`` launches it all.
 ``hot_cache.py`` (with ``hot_cache_kernels.py``) is the HBM hot-row cache in front of the gather.
 
 Must not import: ``engram_client.lookup.table``, ``engram_client.lookup.layer_table`` (the dispatch above

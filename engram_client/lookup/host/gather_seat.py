@@ -5,7 +5,7 @@ NUMA node, each a number of tokens.  A rank takes the group of its GPU's NUMA no
 GPU's PCI address in sysfs; a CPU rank, or a GPU sysfs does not place, takes the group holding
 most of the CPUs it may run on), receives the budget's memory (engram_client/core/budget_file.py)
 and starts its pool on it: its workers are pinned to the group's CPUs and gather only while
-they hold a token (engram_client/lookup/host/_node_budget.h).  By default the pool has as many threads as
+they hold a token (engram_client/lookup/host/engine/budget.h).  By default the pool has as many threads as
 the group has tokens, so a rank alone may use all of them.
 
 ``gather_threads`` given by the caller still sizes the pool; the seat says in words what that

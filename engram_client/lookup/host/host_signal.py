@@ -1,6 +1,6 @@
 """How the host path's CUDA stream and its gather workers signal each other, per device.
 
-Two ways (engram_client/lookup/host/_stream_signal.h draws the first):
+Two ways (engram_client/lookup/host/engine/signal.c draws the first):
 
 - ``stream-memops``: the stream writes a word in pinned memory when the ids are there
   (``cuStreamWriteValue32``), a polling worker sees it within microseconds, the workers write
@@ -79,7 +79,7 @@ def _choose(device: torch.device, request: str) -> SignalChoice:
 
 
 def _probe(device: torch.device) -> dict:
-    """The device's answer to a live round trip (_signal_support.h), in its context."""
+    """The device's answer to a live round trip (engine/signal_support.c), in its context."""
     with torch.cuda.device(device):
         torch.cuda.current_stream(device)
         return _host_gather.stream_signal_support()

@@ -1,105 +1,46 @@
-/* Gather jobs and the worker pool that runs them (included by _host_gather.c; Job is _gather_job.h's).
+/* Gather jobs and the worker pool that runs them (Job is gather.h's, Pool is pool.h's).
  *
  * A job copies rows ids[i] of the mapped table into staging row i, in blocks of block_rows taken
  * from an atomic counter by the pool's workers and by the thread that waits for the job.  Blocks
  * are grouped in chunks so that a waiter can hand out the first chunk while later ones are still
  * being gathered.  A pool lists the jobs that still have blocks; idle workers spin briefly on that
  * list, then sleep on a condition variable.  A job with a Signal is started by a CUDA stream and
- * reports its chunks to it through a word in pinned memory (_stream_signal.h): workers also poll
+ * reports its chunks to it through a word in pinned memory (signal.c): workers also poll
  * those words, and one of them watches them instead of sleeping while any are registered.  On a
  * budget that asks for it, prefill-size jobs go to a list of their own, served by the pool's prefill
- * crew (_prefill_crew.h).
+ * crew (crew.c).
+ *
+ * Owns: the job lists and the pool's lock, a job's run from job_start to job_finish (job_join,
+ * job_leave count its workers), the workers' lives (worker_main, pool_stop).  May call: gather.c,
+ * and, through the interfaces of pool.h, a node budget (PoolBudgetOps: its worker loop and waiter
+ * replace the pool's own) and the stream signals (PoolSignalOps).  Must never: read a budget or a
+ * Signal itself, touch Python objects (its threads run off the GIL), or read a job of pool.gather
+ * after its last worker left it (it lives on its caller's stack).
  */
-typedef struct Signal Signal;
-typedef struct SignalSet SignalSet;
-#include "_gather_job.h"
-/* Node budget hooks (_node_budget.h): a pool on a budget gathers only while holding its tokens. */
-struct NodeBudget;
-static void *budget_worker_main(Pool *pool, int crew);
-static void budget_wait_chunk(Job *job, int64_t chunk);
-static void nb_unref(struct NodeBudget *budget);
-static int crew_takes(Pool *pool, const Job *job);  /* _prefill_crew.h */
+#include "pool.h"
 
-/* Jobs with blocks left, first come first served, and the threads that serve them asleep on `wake`. */
-typedef struct {
-    Job *head;
-    atomic_int listed;             /* jobs on it: read without the lock, as a hint */
-    pthread_cond_t wake;
-    int sleepers;
-} JobList;
-
-enum { WORKERS = 0, CREW = 1 };    /* Pool.lists: the workers', and the prefill crew's (_prefill_crew.h) */
-
-static inline void list_wake(JobList *list) {  /* pool lock held */
-    if (list->sleepers) pthread_cond_broadcast(&list->wake);
-}
-
-struct Pool {
-    pthread_mutex_t lock;
-    JobList lists[2];
-    atomic_int stop;
-    /* The prefill crew (_prefill_crew.h): threads that take only the jobs of lists[CREW], at SCHED_IDLE
-     * (--prefill-gathers idle) or at normal priority off the decode CPUs with spares at SCHED_IDLE on them. */
-    atomic_int ncrew, crew_quit;
-    int crew_started, crew_error, threads_asked, pinned, crew_idle;
-    int crew_split, crew_spares;   /* decode CPUs the crew keeps off, and its spares on them */
-    pthread_t *crew;               /* the crew, then its spares */
-    cpu_set_t pin;                 /* where the workers (and the crew) run, if pinned */
-    cpu_set_t decode_pin;          /* the decode CPUs among them, where the crew has spares */
-    atomic_llong spin_until;       /* workers poll, awake, until then (pool_prewake) */
-    int nthreads, started;
-    long generation;               /* fork_generation when the workers started */
-    pid_t pid;
-    atomic_int refs;               /* the Python object and every StagedJob */
-    atomic_llong jobs_run;
-    atomic_llong cache_hits, cache_misses;  /* ids of skip_marked jobs: skipped (in HBM), fetched from the table */
-    atomic_llong rows_fetched;     /* rows read from the table by every job */
-    pthread_t *threads;
-    SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */
-    struct NodeBudget *_Atomic budget;  /* the node's gather budget, or NULL: this pool alone decides */
-    struct NodeBudget *retired[16];     /* budgets of earlier daemons, kept until the pool goes */
-    int nretired;
-};
-
-static inline JobList *pool_list(Pool *pool, int crew) { return &pool->lists[crew ? CREW : WORKERS]; }
-
-/* The stream-signal side of a pool (_stream_signal.h, included after this file). */
-static void signal_publish(Job *job);
-static int signals_poll(Pool *pool);
-static int signals_watch(Pool *pool);
-static void signals_free(Pool *pool);
-static void job_leave(Job *job);
-
-static inline int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static void pool_unref(Pool *pool) {
+void pool_unref(Pool *pool) {
     if (atomic_fetch_sub(&pool->refs, 1) == 1) {
-        signals_free(pool);
-        if (pool->budget) nb_unref(pool->budget);
-        for (int i = 0; i < pool->nretired; i++) nb_unref(pool->retired[i]);
+        if (atomic_load(&pool->signals)) pool->signal_ops->free(pool);
+        if (pool->budget) pool->budget_ops->unref(pool->budget);
+        for (int i = 0; i < pool->nretired; i++) pool->budget_ops->unref(pool->retired[i]);
         free(pool->threads);
         free(pool->crew);
         free(pool);
     }
 }
 
-#include "_gather_block.h"   /* gather_block, take_block */
+int take_block(Job *job) {
+    int64_t block = atomic_fetch_add(&job->next_block, 1);
+    if (block >= job->nblocks) return 0;
+    gather_block(job, block);
+    if (job->signal) job->pool->signal_ops->publish(job);  /* tell the stream which chunks it may copy */
+    return 1;
+}
 
 /* The first job with blocks left on the workers' list (or the crew's); exhausted jobs are unlisted
  * on the way.  Lock held. */
-static Job *job_with_work_in(JobList *list) {
+Job *job_with_work_in(JobList *list) {
     Job **link = &list->head;
     while (*link) {
         Job *job = *link;
@@ -122,12 +63,12 @@ static void test_pause(_Atomic int64_t *ns) {
     }
 }
 
-static _Atomic int64_t join_pause_ns;  /* tests only (set_join_pause): widens the moment before the count */
+_Atomic int64_t join_pause_ns;  /* tests only (set_join_pause): widens the moment before the count */
 
 /* Count this thread among the workers of a job job_with_work_in just found (pool lock held): 0 if
  * it came too late, its run ended by its last worker meanwhile (job_leave).  Taken back under the
  * lock, which job_start holds when it resets the count for the next run. */
-static int job_join(Job *job) {
+int job_join(Job *job) {
     test_pause(&join_pause_ns);
     if (atomic_fetch_add(&job->users, 1) & USERS_CLOSED) {
         atomic_fetch_sub(&job->users, 1);
@@ -139,9 +80,9 @@ static int job_join(Job *job) {
 /* Workers poll the job list while a spin window is open (IDLE_SPIN_NS after their last job, or
  * until pool->spin_until), then sleep on the condition variable: a futex wake-up costs tens of
  * microseconds in a VM, as much as a decode-size gather. */
-static void *worker_main(void *arg) {
+void *worker_main(void *arg) {
     Pool *pool = arg;
-    if (pool->budget) return budget_worker_main(pool, 0);  /* node budget hook */
+    if (pool->budget) return pool->budget_ops->worker_main(pool, 0);  /* node budget hook */
     int64_t idle_until = now_ns() + IDLE_SPIN_NS;
     for (;;) {
         while (!atomic_load(&pool->lists[WORKERS].listed) && !atomic_load(&pool->stop)) {
@@ -178,19 +119,19 @@ static void *worker_main(void *arg) {
 }
 
 /* A job is about to be enqueued: have the workers awake and polling when its host function runs. */
-static void pool_prewake(Pool *pool) {
+void pool_prewake(Pool *pool) {
     atomic_store(&pool->spin_until, now_ns() + PREWAKE_NS);
     pthread_mutex_lock(&pool->lock);
     list_wake(&pool->lists[WORKERS]);
     pthread_mutex_unlock(&pool->lock);
 }
 
-static int pool_usable(const Pool *pool) {
+int pool_usable(const Pool *pool) {
     return pool->started && !atomic_load(&pool->stop) && pool->generation == atomic_load(&fork_generation);
 }
 
 /* Reset the job's progress and offer its blocks to the workers (if the pool still runs): 1 if listed. */
-static int job_start(Job *job) {
+int job_start(Job *job) {
     atomic_store(&job->next_block, 0);
     atomic_store(&job->bad, 0);
     for (int c = 0; c < MAX_CHUNKS; c++) atomic_store(&job->chunk_done[c], 0);
@@ -203,7 +144,7 @@ static int job_start(Job *job) {
     }
     pthread_mutex_lock(&pool->lock);
     atomic_store(&job->users, 0);  /* opens it again (a closed run's late joiner backs off under this lock) */
-    int crew = job->for_crew = crew_takes(pool, job);
+    int crew = job->for_crew = pool->budget_ops ? pool->budget_ops->crew_takes(pool, job) : 0;
     /* First come, first served: two layers' lookups armed together finish in the order asked. */
     JobList *list = pool_list(pool, crew);
     Job **link = &list->head;
@@ -221,22 +162,17 @@ static int job_start(Job *job) {
  * have lost its CPU (a crew thread at SCHED_IDLE beside busy threads), and this one, at normal
  * priority, must not keep taking the CPU it needs.  Naps of 2 us without end cost the caller of a
  * prefill job more CPU than the crew that gathered it (tests/unit/test_prefill_crew.py). */
-static void pause_briefly(int *spins) {
+void pause_briefly(int *spins) {
     if (++*spins < 2000) { cpu_relax(); return; }
     int doublings = *spins - 2000 < 8 ? *spins - 2000 : 8;
     struct timespec ts = {0, 2000L << doublings};
     nanosleep(&ts, NULL);
 }
 
-static int64_t chunk_blocks(const Job *job, int64_t chunk) {
-    int64_t end = (chunk + 1) * job->chunk_blocks;
-    return (end > job->nblocks ? job->nblocks : end) - chunk * job->chunk_blocks;
-}
-
 /* Gather alongside the workers until every block of `chunk` is in staging. */
-static void job_wait_chunk(Job *job, int64_t chunk) {
+void job_wait_chunk(Job *job, int64_t chunk) {
     if (job->pool && job->pool->budget) {  /* node budget hook */
-        budget_wait_chunk(job, chunk);
+        job->pool->budget_ops->wait_chunk(job, chunk);
         return;
     }
     int64_t need = chunk_blocks(job, chunk);
@@ -246,7 +182,7 @@ static void job_wait_chunk(Job *job, int64_t chunk) {
 }
 
 /* Take a job off its pool's list, if it is on it (the pool's lock is taken here). */
-static void job_unlist(Job *job) {
+void job_unlist(Job *job) {
     Pool *pool = job->pool;
     pthread_mutex_lock(&pool->lock);
     if (job->listed) {
@@ -263,7 +199,7 @@ static void job_unlist(Job *job) {
 }
 
 /* Wait for the whole job; afterwards no worker touches it, so it may be started again. */
-static void job_finish(Job *job) {
+void job_finish(Job *job) {
     for (int64_t c = 0; c < job->nchunks; c++) job_wait_chunk(job, c);
     Pool *pool = job->pool;
     if (job->listed && pool != NULL) job_unlist(job);
@@ -272,8 +208,9 @@ static void job_finish(Job *job) {
     if (pool) atomic_fetch_add(&pool->jobs_run, 1);
 }
 
-static void job_plan(Job *job, int64_t n, int64_t nchunks) {
+void job_plan(Job *job, int64_t n, int64_t nchunks) {
     job->n = n;
+    job->counts = job->pool ? &job->pool->counts : NULL;
     job->block_rows = n <= 16384 ? 32 : 128;  /* enough blocks to share at decode sizes, few atomics later */
     job->nblocks = (n + job->block_rows - 1) / job->block_rows;
     if (nchunks < 1) nchunks = 1;
@@ -283,3 +220,57 @@ static void job_plan(Job *job, int64_t n, int64_t nchunks) {
     job->nchunks = job->nblocks ? (job->nblocks + job->chunk_blocks - 1) / job->chunk_blocks : 0;
 }
 
+/* Tests only (set_leave_pause): how long a worker pauses after it has left a job, widening the
+ * moment in which a synchronous gather's caller may return and reuse its stack. */
+_Atomic int64_t leave_pause_ns;
+
+/* Leave a job this thread joined (job_join).  A job of pool.gather lives on its caller's stack,
+ * and once `users` is 0 that caller may return, so nothing of such a job is read after the
+ * decrement.  (Reading `signal` after it raced with the return: a rank gathering while other
+ * ranks kept the cores busy crashed on a stale pointer.)  A signalled job lives in its slot's
+ * state, and its run ends when its last worker leaves it with every block taken: that leave is
+ * one transition of `users`, 1 -> USERS_CLOSED, so exactly one thread ends the run, and no thread
+ * joins it afterwards.  Deciding after a plain decrement ended runs twice: a worker that left a
+ * run with blocks still to take (a yield), then lost its CPU, found the slot's next run exhausted
+ * and active when it ran again and ended that one too; and a worker that joined just as the last
+ * one left became a second last worker.  Each time the slot's in_flight fell below zero, and a
+ * run could be ended while its last blocks were still being written (eight ranks of 15 threads
+ * each on 16 CPUs raised "this staging slot is still in use" on the H200 machine). */
+void job_leave(Job *job) {
+    Signal *sig = job->signal;
+    if (sig == NULL) {
+        atomic_fetch_sub(&job->users, 1);
+        test_pause(&leave_pause_ns);
+        return;
+    }
+    for (int n = atomic_load(&job->users);;) {  /* this thread is counted in n, so the job stays its run's */
+        int closing = n == 1 && atomic_load(&job->next_block) >= job->nblocks;
+        if (atomic_compare_exchange_weak(&job->users, &n, closing ? USERS_CLOSED : n - 1)) {
+            test_pause(&leave_pause_ns);
+            if (closing) job->pool->signal_ops->run_closed(job);  /* signal.c: ends it if it is still active */
+            return;
+        }
+    }
+}
+
+/* Stop and join the workers and the crew (idempotent); the signals go to whoever answers them now. */
+void pool_stop(Pool *pool) {
+    if (!pool->started || atomic_exchange(&pool->stop, 1)) return;
+    if (pool->generation != atomic_load(&fork_generation)) return;  /* a child: the threads are not here */
+    pthread_mutex_lock(&pool->lock);
+    pthread_cond_broadcast(&pool->lists[WORKERS].wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
+    crew_join(pool);
+    if (atomic_load(&pool->signals)) pool->signal_ops->orphan(pool);  /* graphs replayed after close must still be answered */
+}
+
+/* The crew is the pool's threads (crew.c starts it): called off and joined here, as the workers are. */
+void crew_join(Pool *pool) {
+    atomic_store(&pool->ncrew, 0);  /* nothing is listed for it any more */
+    pthread_mutex_lock(&pool->lock);
+    pthread_cond_broadcast(&pool->lists[CREW].wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (int i = 0; i < pool->crew_started; i++) pthread_join(pool->crew[i], NULL);
+    pool->crew_started = 0;
+}

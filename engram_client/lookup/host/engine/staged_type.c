@@ -1,99 +1,18 @@
-/* StagedJob: one reusable lookup slot of the host-gather path (included by _host_gather.c).
+/* StagedJob, the Python object of a staged slot (staged.h draws the slot, staged.c enqueues its runs).
  *
- * It owns pinned ids and staging buffers of `capacity` rows and two CUDA events, and enqueues a
- * gather job on a CUDA stream (see the diagram at the top of _host_gather.c): `fork` orders the
- * job after the caller's stream, `done` (recorded by finish(), after the dequant kernel) is what
- * the caller's stream waits on (join) and what strict mode polls (query).  Doing these in C keeps
- * torch's event objects off the per-call path.
+ * It owns a slot and two CUDA events, and enqueues a gather job on a CUDA stream: `fork` orders the
+ * job after the caller's stream, `done` (recorded by finish(), after the dequant kernel) is what the
+ * caller's stream waits on (join) and what strict mode polls (query).  Doing these in C keeps torch's
+ * event objects off the per-call path.
  *
- * Two ways to hand the job between the stream and the workers, chosen per slot (signalled=):
- * stream memory operations on the slot's word (_stream_signal.h; the default where the driver
- * has them), or host functions (host_step below; the fallback).  Either way the workers receive
- * pointers into the slot, so the slot must outlive every enqueued run: while a run is in flight,
- * or once a graph captured it, dropping the object leaks the slot instead of freeing it.
- * disarm() (the client's close) makes any later run of a captured graph zero its rows and never
- * read the table again.
+ * Owns: the object's reference to its slot and its pool.  May call: staged.c, the signal set
+ * (register, unregister), the pool (pool.h), GatherPool (pool_type.h), libcuda (cuda.h).  Must never:
+ * free a slot that is in flight or held by a captured graph (it is leaked instead), or be called
+ * without the GIL.
  */
-
-typedef struct StagedState StagedState;
-typedef struct {
-    StagedState *state;
-    int64_t chunk;
-} Step;
-
-struct StagedState {
-    Job job;
-    Step steps[MAX_CHUNKS];        /* host-function slots */
-    Signal signal;                 /* signalled slots: signal.word is in ids_buf's last line */
-    atomic_int in_flight;          /* eager runs enqueued and not finished */
-    int graph;                     /* captured into a graph: may run again at any time */
-    int signalled;
-    int simulated;                 /* SignalTestSlot: plain memory, no CUDA (_signal_test_slot.h) */
-    int64_t capacity, row_bytes;
-    uint8_t *ids_buf, *staging;    /* pinned */
-    CUdeviceptr word_dev;          /* the signal word as the device sees it */
-    CUevent fork, done;
-};
-
-/* The signal word sits in its own cache line after the ids, so polling it never shares a line. */
-static size_t ids_bytes(int64_t capacity) { return ((size_t)capacity * 8 + 63) / 64 * 64; }
-
-typedef struct {
-    PyObject_HEAD
-    StagedState *state;
-} StagedJobObject;
-
-enum { IDS_ON_HOST = 0, IDS_ON_DEVICE = 1, IDS_IN_PLACE = 2 };
-
-static void host_step(void *arg) {
-    Step *step = arg;
-    Job *job = &step->state->job;
-    if (step->chunk == 0) job_start(job);
-    job_wait_chunk(job, step->chunk);
-    if (step->chunk == job->nchunks - 1) {
-        job_finish(job);
-        if (!step->state->graph) atomic_fetch_sub(&step->state->in_flight, 1);
-    }
-}
-
-/* Allocate pinned memory, also while the caller's stream captures a graph (allowed in relaxed mode). */
-static void *pinned_alloc(size_t nbytes) {
-    void *ptr = NULL;
-    /* DEVICEMAP: the device addresses the signal word in it (cuMemHostGetDevicePointer) */
-    CUresult rc = cu.mem_host_alloc(&ptr, nbytes ? nbytes : 1, 0x1 | 0x2 /* PORTABLE | DEVICEMAP */);
-    if (cu_failed(rc, "cuMemHostAlloc of lookup staging")) return NULL;
-    return ptr;
-}
-
-static void staged_free(StagedState *state) {  /* may fail at exit once the context is gone: nothing to do */
-    if (state->simulated) {
-        free(state->ids_buf);
-        free(state->staging);
-        free(state);
-        return;
-    }
-    if (state->ids_buf) cu.mem_free_host(state->ids_buf);
-    if (state->staging) cu.mem_free_host(state->staging);
-    if (state->fork) cu.event_destroy(state->fork);
-    if (state->done) cu.event_destroy(state->done);
-    free(state);
-}
-
-/* Buffers and events (and where the device sees the signal word), allowed while the caller's
- * stream captures a graph (in relaxed mode). */
-static int staged_alloc(StagedState *state, int signalled) {
-    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
-    cu.exchange_capture_mode(&mode);
-    int ok = (state->ids_buf = pinned_alloc(ids_bytes(state->capacity) + 64)) &&
-             (state->staging = pinned_alloc((size_t)(state->capacity * state->row_bytes))) &&
-             !cu_failed(cu.event_create(&state->fork, 0x2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate") &&
-             !cu_failed(cu.event_create(&state->done, 0x2), "cuEventCreate") &&
-             (!signalled || !cu_failed(cu.mem_host_get_device_pointer(&state->word_dev, state->ids_buf +
-                                                                      ids_bytes(state->capacity), 0),
-                                       "cuMemHostGetDevicePointer of the lookup's signal word"));
-    cu.exchange_capture_mode(&mode);
-    return ok ? 0 : -1;
-}
+#include "staged_type.h"
+#include "pool_type.h"
+#include "signal_set.h"
 
 static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"pool", "capacity", "row_bytes", "graph", "signalled", NULL};
@@ -145,7 +64,7 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
     return 0;
 }
 
-static void staged_dealloc(StagedJobObject *self) {
+void staged_dealloc(StagedJobObject *self) {
     StagedState *state = self->state;
     if (state && !state->graph && atomic_load(&state->in_flight) == 0) {
         if (state->signalled) signal_unregister(&state->signal);
@@ -156,7 +75,63 @@ static void staged_dealloc(StagedJobObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-#include "_staged_enqueue.h"
+static PyObject *staged_enqueue(StagedJobObject *self, PyObject *args) {
+    unsigned long long caller, stream, table, ids, device_staging, counter;
+    long long row_lo, row_hi, n, nchunks;
+    int where, ids64, skip_marked = 0;
+    if (!PyArg_ParseTuple(args, "KKKLLKipLKKL|p", &caller, &stream, &table, &row_lo, &row_hi, &ids, &where, &ids64,
+                          &n, &device_staging, &counter, &nchunks, &skip_marked))
+        return NULL;
+    StagedState *state = self->state;
+    if (!state || check_pool(state->job.pool)) return NULL;
+    if (n < 1 || n > state->capacity || row_hi <= row_lo || where < IDS_ON_HOST || where > IDS_IN_PLACE) {
+        PyErr_Format(PyExc_ValueError, "cannot stage %lld ids (capacity %lld) from rows [%lld, %lld), ids at %d",
+                     n, state->capacity, row_lo, row_hi, where);
+        return NULL;
+    }
+    if (!state->graph && atomic_load(&state->in_flight)) {
+        PyErr_SetString(err_class(), "this staging slot is still in use by an earlier lookup");
+        return NULL;
+    }
+    CUstream s = (CUstream)(uintptr_t)stream, from = (CUstream)(uintptr_t)caller;
+    CUcontext ctx = NULL;
+    if (cu_failed(cu.ctx_get_current(&ctx), "cuCtxGetCurrent")) return NULL;
+    if (ctx == NULL) {  /* a thread that never touched CUDA: use the stream's context */
+        if (cu_failed(cu.stream_get_ctx(s, &ctx), "cuStreamGetCtx") ||
+            cu_failed(cu.ctx_set_current(ctx), "cuCtxSetCurrent"))
+            return NULL;
+    }
+    if (skip_marked && (where != IDS_ON_DEVICE || !ids64)) {
+        PyErr_SetString(PyExc_ValueError, "ids marked by the HBM cache come from the device, as int64");
+        return NULL;
+    }
+    int64_t bad = staged_prepare(state, table, row_lo, row_hi, ids, where, ids64, n, counter, nchunks, skip_marked);
+    if (bad) return PyLong_FromLongLong(bad);
+    const size_t id_bytes = ids64 ? 8 : 4;
+    /* Ids already in pinned memory and staging the stream has finished copying (the slot's last
+     * lookup is done): gather now, while the stream may still be busy with earlier work.  The
+     * fork then only has to precede the dequant, which writes memory the caller's stream allocated. */
+    const int now = state->signalled && where == IDS_ON_HOST && cu.event_query(state->done) == 0;
+    if (!state->graph) atomic_fetch_add(&state->in_flight, 1);
+    if (now) {
+        signal_start_now(&state->signal);
+        if (enqueue_chunk_copies(state, s, device_staging) || enqueue_fork(state, from, s)) return NULL;
+        return PyLong_FromLong(0);
+    }
+    staged_announce(state);
+    if (enqueue_fork(state, from, s)) return NULL;
+    if (where == IDS_ON_DEVICE &&
+        cu_failed(cu.memcpy_dtoh(state->ids_buf, (CUdeviceptr)ids, (size_t)n * id_bytes, s),
+                  "copy of the ids to pinned memory (cuMemcpyDtoHAsync)"))
+        return NULL;
+    if (!state->signalled) return enqueue_host_functions(state, s, device_staging) ? NULL : PyLong_FromLong(0);
+    /* The write carries a memory barrier: the ids' copy is visible before a worker sees ARMED. */
+    if (cu_failed(cu.stream_write_value32(s, state->word_dev, SIGNAL_ARMED, 0x0 /* DEFAULT */),
+                  "cuStreamWriteValue32 that starts the row gather") ||
+        enqueue_chunk_copies(state, s, device_staging))
+        return NULL;  /* in_flight stays raised: the slot is never reused or freed */
+    return PyLong_FromLong(0);
+}
 
 static PyObject *staged_finish(StagedJobObject *self, PyObject *arg) {
     unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
@@ -194,7 +169,7 @@ static PyObject *staged_query(StagedJobObject *self, PyObject *unused) {
     Py_RETURN_TRUE;
 }
 
-static PyObject *staged_disarm(StagedJobObject *self, PyObject *unused) {
+PyObject *staged_disarm(StagedJobObject *self, PyObject *unused) {
     if (self->state) {
         self->state->job.table = NULL;
         self->state->job.bad_total = NULL;
@@ -239,7 +214,7 @@ static PyGetSetDef staged_getset[] = {
      "(else host functions)", NULL},
     {NULL}};
 
-static PyTypeObject StagedJobType = {
+PyTypeObject StagedJobType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "engram_client.lookup.host._host_gather.StagedJob",
     .tp_basicsize = sizeof(StagedJobObject),

@@ -1,4 +1,4 @@
-/* The node's gather budget: tokens every rank's pool draws on (included by _host_gather.c).
+/* The node's gather budget: tokens every rank's pool draws on.
  *
  * engramd creates the budget as a sealed memfd (it can neither shrink nor grow, so no peer can
  * truncate it under a rank's mapping) and hands it to each rank over a unix socket; the rank
@@ -31,7 +31,7 @@
  *   - but no starvation: in a group of NB_FLOOR_MIN_TOKENS tokens or more, a slot with a prefill-size
  *     job keeps one token (its floor) while decode-size jobs wait, and one that holds none may take
  *     a free one and is the first woken by a release (seven decoding ranks on 15 tokens otherwise
- *     held a prefill at 1.3 M rows/s on the H200 machine: docs/BENCHMARKS.md, "the host stage alone");
+ *     held a prefill at 1.3 M rows/s on the H200 machine: docs/history/benchmarks-2026-12.md, "the host stage alone");
  *   - fair: fair = ceil(tokens / active slots); a slot at its fair share takes no token while a slot
  *     below it waits, and one above it yields at a block boundary;
  *   - round robin: among waiting slots, the one served least recently goes first; once per
@@ -40,25 +40,26 @@
  *   - decode CPUs: where the header names D of a group's tokens for decode-size jobs (engramd
  *     --decode-cpus), a prefill-size job takes no token that would leave fewer than D free, so that
  *     many tokens are always there for a decode call.  Its CPUs go with them: each pool runs its
- *     prefill-size jobs on a crew of threads kept off the group's D decode CPUs (_prefill_crew.h),
+ *     prefill-size jobs on a crew of threads kept off the group's D decode CPUs (crew.c),
  *     so a decode call's woken workers find idle CPUs there instead of queueing behind prefill
- *     holders of equal priority (docs/BENCHMARKS.md, "Decode beside prefill ... where the wait is");
+ *     holders of equal priority (docs/history/benchmarks-2026-12.md, "Decode beside prefill ... where the wait is");
  * Waiters sleep on their slot's futex word (bounded: NB_WAIT_NS) and a release wakes the slot
  * that is next.  A slot that has waited NB_STARVE_NS holding nothing (a peer keeps the tokens
  * locked) gathers without a token for NB_OVERDRAFT_NS, counted: no peer stalls a rank for longer.
  * A decode-size waiter does not wait that long for a token held by a prefill crew thread
- * (_prefill_crew.h) that is off its CPU: a thread at SCHED_IDLE gets almost no CPU time beside a
+ * (crew.c) that is off its CPU: a thread at SCHED_IDLE gets almost no CPU time beside a
  * busy thread of normal priority, so it may hold its token for seconds without gathering.  Once
  * no crew thread of the holder's slot has been seen running for NB_CREW_STALL_NS, the waiter
  * gathers its job in that token's place (a stand-in, counted): no more threads run gathers than
  * there are tokens, since the one it stands in for is not running.
+ *
+ * The budget's units, lowest first: budget.c (this layout, the decision lock, reading the group and
+ * deciding who is next), budget_tokens.c (taking a token and giving it back), budget_open.c (mapping
+ * it, claiming a slot, forks), budget_pool.c (the pool's worker loop and waiter on tokens).
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
+#ifndef ENGRAM_ENGINE_BUDGET_H
+#define ENGRAM_ENGINE_BUDGET_H
+#include "common.h"
 
 #define NB_MAGIC 0x3147445542474e45ULL  /* "ENGBUDG1" */
 #define NB_VERSION 1
@@ -87,7 +88,7 @@
 #define NB_FLOOR_MIN_TOKENS 4          /* from this many tokens a group keeps one for each slot's prefill job */
 #define NB_CREW_STALL_NS 3000000LL      /* a crew thread holding a token, not seen running this long, is off its CPU */
 #define NB_CREW_SEEN_NS 100000LL       /* a running crew thread holding a token says so this often */
-#define NB_FLAG_PREFILL_IDLE 1u        /* the header's flags: prefill-size jobs go to the pools' crews (_prefill_crew.h) */
+#define NB_FLAG_PREFILL_IDLE 1u        /* the header's flags: prefill-size jobs go to the pools' crews (crew.c) */
 #define NB_FLAG_NO_SPARES 2u           /* ... and no crew has spares on the decode CPUs (engramd --decode-spares off) */
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
@@ -159,22 +160,13 @@ typedef struct NodeBudget {
     struct NodeBudget *next_all;
 } NodeBudget;
 
-static NodeBudget *nb_all;                 /* every budget of this process, for the fork handler */
-static pthread_mutex_t nb_all_lock = PTHREAD_MUTEX_INITIALIZER;
-
 static inline NbSlot *nb_slot(const NodeBudget *b, int s) {
     return (NbSlot *)(b->map + NB_SLOTS_AT + (size_t)s * NB_SLOT_BYTES);
 }
 
-static long nb_futex(_Atomic uint32_t *addr, int op, uint32_t val, int64_t timeout_ns) {
+static inline long nb_futex(_Atomic uint32_t *addr, int op, uint32_t val, int64_t timeout_ns) {
     struct timespec ts = {timeout_ns / 1000000000, timeout_ns % 1000000000};
     return syscall(SYS_futex, addr, op, val, timeout_ns > 0 ? &ts : NULL, NULL, 0);
-}
-
-static int nb_ofd(int fd, int cmd, short type, off_t at) {
-    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = at, .l_len = 1, .l_pid = 0};
-    if (fcntl(fd, cmd, &fl) != 0) return -1;
-    return cmd == F_OFD_GETLK ? fl.l_type : 0;
 }
 
 static inline int nb_usable(const NodeBudget *b) {
@@ -183,172 +175,26 @@ static inline int nb_usable(const NodeBudget *b) {
 
 static inline int nb_ceil_div(int a, int b) { return b > 0 ? (a + b - 1) / b : a; }
 
-/* ---- the decision lock ------------------------------------------------------------------------ */
-/* The group's lock word, or 0 where this process decides without it.  A waiter that has not had it
- * for NB_GLOCK_BREAK_NS takes it over whatever the word holds: a holder that died or never lets go
- * leaves one value there, a peer storing a new one every millisecond leaves none for long, and
- * either way what the lock guards is advisory.  A word that changed between the look and the swap
- * is passed by.  A lock broken once is likely to need it again, so the process then decides
- * without it for NB_GLOCK_BYPASS_NS: a hostile peer costs it one wait a second at most. */
-static uint64_t nb_glock_group(NodeBudget *b, NbGroup *g) {
-    int64_t bypass = atomic_load_explicit(&b->glock_bypass_until, memory_order_relaxed);
-    if (bypass) {
-        if (now_ns() < bypass) return 0;
-        atomic_compare_exchange_strong(&b->glock_bypass_until, &bypass, 0);
-    }
-    uint64_t mine = (atomic_fetch_add(&g->lock_count, 1) + 1) << 8 | (uint64_t)(b->slot + 1);
-    int64_t since = 0;
-    for (int spins = 0;; spins++) {
-        uint64_t expected = 0;
-        if (atomic_compare_exchange_weak(&g->lock, &expected, mine)) return mine;
-        if (spins % 64 == 0) {
-            int64_t now = now_ns();
-            if (!since) {
-                since = now;
-            } else if (now - since > NB_GLOCK_BREAK_NS) {
-                atomic_store(&b->glock_bypass_until, now + NB_GLOCK_BYPASS_NS);
-                atomic_fetch_add(&b->glock_breaks, 1);
-                atomic_fetch_add(&g->breaks, 1);
-                return atomic_compare_exchange_strong(&g->lock, &expected, mine) ? mine : 0;
-            }
-        }
-        if (spins < 256) cpu_relax(); else sched_yield();
-    }
-}
+int nb_ofd(int fd, int cmd, short type, off_t at);  /* a lock byte: set, cleared or tested (F_OFD_*) */
 
-static void nb_gunlock_group(NbGroup *g, uint64_t mine) {
-    uint64_t expected = mine;
-    if (mine) atomic_compare_exchange_strong(&g->lock, &expected, 0);  /* not ours any more: taken over */
-}
-
+/* The group's decision lock (budget.c says when it is taken over): a key to give back, 0 without it. */
+uint64_t nb_glock_group(NodeBudget *b, NbGroup *g);
+void nb_gunlock_group(NbGroup *g, uint64_t mine);
 static inline uint64_t nb_glock(NodeBudget *b) { return nb_glock_group(b, b->g); }
 static inline void nb_gunlock(NodeBudget *b, uint64_t key) { nb_gunlock_group(b->g, key); }
 
-/* ---- reading the group ------------------------------------------------------------------------ */
-static int nb_held_total(const NodeBudget *b) {
-    uint64_t mask = atomic_load(&b->g->holding_mask);
-    int total = 0;
-    while (mask) {
-        int i = __builtin_ctzll(mask);
-        mask &= mask - 1;
-        if (i < b->slots) {
-            int h = atomic_load(&nb_slot(b, i)->held);
-            total += h > 0 && h <= b->tokens ? h : 0;
-        }
-    }
-    return total;
-}
+/* Reading the group, and deciding (the lock held where marked in budget.c). */
+int nb_held_total(const NodeBudget *b);
+int nb_crew_held_total(const NodeBudget *b);
+int nb_fair(const NodeBudget *b);
+int nb_stalled_crew(const NodeBudget *b, int64_t now);
+int nb_eligible(const NodeBudget *b, int small, int uncontended_only);
+int nb_next_waiter(const NodeBudget *b);
+void nb_wake_slot(NodeBudget *b, int s);
+void nb_log(NodeBudget *b, uint64_t seq, int token, int small, int how);
 
-static int nb_fair(const NodeBudget *b) {
-    uint64_t active = atomic_load(&b->g->want_mask) | atomic_load(&b->g->holding_mask) | b->bit;
-    if (b->slots < 64) active &= (1ULL << b->slots) - 1;
-    return nb_ceil_div(b->tokens, __builtin_popcountll(active));
-}
+/* Dead slots. */
+int nb_slot_alive(const NodeBudget *b, int s);
+void nb_clear_slot(NodeBudget *b, NbGroup *g, int s);
 
-/* Tokens of the group held by crew threads that no slot has seen running for NB_CREW_STALL_NS, less
- * the stand-ins gathering for them now (lock held).  Every count is a hint a peer could forge; each
- * is bounded by what it counts in (a slot's crew by its held tokens), and a stand-in is only ever
- * one decode-size job of a slot that waited. */
-static int nb_stalled_crew(const NodeBudget *b, int64_t now) {
-    uint64_t holding = atomic_load(&b->g->holding_mask);
-    int stalled = 0, standing = 0;
-    for (int i = 0; i < b->slots; i++) {
-        NbSlot *x = nb_slot(b, i);
-        if (atomic_load(&x->group) != b->group) continue;
-        int in = atomic_load(&x->standing_in);
-        standing += in > 0 && in <= b->tokens ? in : 0;
-        int crew = atomic_load(&x->crew_held), held = atomic_load(&x->held);
-        if (!(holding >> i & 1) || crew <= 0) continue;
-        if (now - atomic_load(&x->crew_seen_at) > NB_CREW_STALL_NS) stalled += crew < held ? crew : held;
-    }
-    return stalled - standing;
-}
-
-/* Whether this slot may take a free token now (lock held). */
-static int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
-    NbGroup *g = b->g;
-    int free = b->tokens - nb_held_total(b);
-    if (free <= 0) return 0;
-    if (!small && free <= b->decode) return 0;  /* the decode tokens: never taken by a prefill-size job */
-    uint64_t others = atomic_load(&g->want_mask) & ~b->bit;
-    if (b->slots < 64) others &= (1ULL << b->slots) - 1;
-    if (!others) return 1;
-    if (uncontended_only) return 0;
-    uint64_t smalls = atomic_load(&g->small_mask) & others;
-    int held = atomic_load(&b->held_here);
-    if (!small && smalls && held == 0 && b->tokens >= NB_FLOOR_MIN_TOKENS) return 1;  /* the prefill's floor */
-    if (!small && free <= __builtin_popcountll(smalls)) return 0;
-    uint64_t rivals = small ? smalls : others;
-    int fair = nb_fair(b), older = 0, below = 0;
-    uint64_t last = atomic_load(&b->s->last_grant);
-    for (uint64_t m = rivals; m; m &= m - 1) {
-        NbSlot *x = nb_slot(b, __builtin_ctzll(m));
-        int xh = atomic_load(&x->held);
-        below |= xh < fair;
-        older += xh <= held && atomic_load(&x->last_grant) < last;
-    }
-    if (held >= fair && below) return 0;
-    return free > older;
-}
-
-/* The waiting slot a released token should go to: small jobs first, then the least recently served. */
-static int nb_next_waiter(const NodeBudget *b) {
-    NbGroup *g = b->g;
-    uint64_t want = atomic_load(&g->want_mask), small = atomic_load(&g->small_mask) & want;
-    uint64_t pool = small ? small : want;
-    if (b->slots < 64) pool &= (1ULL << b->slots) - 1;
-    /* A prefill holding nothing: its floor first, unless what is free is the decode tokens (it could
-     * not take one, and the decode-size waiter would sleep until its next look). */
-    if (small && b->tokens >= NB_FLOOR_MIN_TOKENS && b->tokens - nb_held_total(b) > b->decode)
-        for (uint64_t m = want & ~small; m; m &= m - 1) {
-            int i = __builtin_ctzll(m);
-            if (i < b->slots && atomic_load(&nb_slot(b, i)->held) == 0) return i;
-        }
-    int best = -1;
-    uint64_t best_last = UINT64_MAX;
-    for (uint64_t m = pool; m; m &= m - 1) {
-        int i = __builtin_ctzll(m);
-        uint64_t last = atomic_load(&nb_slot(b, i)->last_grant);
-        if (last < best_last) best = i, best_last = last;
-    }
-    return best;
-}
-
-static void nb_wake_slot(NodeBudget *b, int s) {
-    NbSlot *x = nb_slot(b, s);
-    atomic_fetch_add(&x->seq, 1);
-    if (atomic_load(&x->sleepers)) nb_futex(&x->seq, FUTEX_WAKE, 1, 0);
-}
-
-static void nb_log(NodeBudget *b, uint64_t seq, int token, int small, int how) {
-    NbGrant *e = &b->g->log[seq % NB_LOG];
-    e->want_mask = atomic_load(&b->g->want_mask);
-    e->small_mask = atomic_load(&b->g->small_mask);
-    e->slot = (uint16_t)b->slot, e->token = (uint16_t)(token < 0 ? 0xFFFF : token);
-    e->held_after = (uint16_t)atomic_load(&b->s->held), e->small = (uint8_t)small, e->how = (uint8_t)how;
-    __atomic_store_n(&e->seq, seq, __ATOMIC_RELEASE);
-}
-
-/* ---- dead slots --------------------------------------------------------------------------------- */
-static int nb_slot_alive(const NodeBudget *b, int s) {
-    int type = nb_ofd(b->fd, F_OFD_GETLK, F_WRLCK, NB_SLOT_LOCK(s));
-    return type != F_UNLCK;  /* an error counts as alive: never clear what we cannot judge */
-}
-
-/* Forget slot s's hints in group g (lock of g held). */
-static void nb_clear_slot(NodeBudget *b, NbGroup *g, int s) {
-    uint64_t bit = 1ULL << s;
-    NbSlot *x = nb_slot(b, s);
-    atomic_store(&x->held, 0), atomic_store(&x->want, 0), atomic_store(&x->want_small, 0);
-    atomic_store(&x->crew_held, 0), atomic_store(&x->standing_in, 0);
-    atomic_fetch_and(&g->want_mask, ~bit), atomic_fetch_and(&g->small_mask, ~bit);
-    atomic_fetch_and(&g->holding_mask, ~bit);
-    for (int t = 0; t < NB_MAX_TOKENS; t++) {
-        uint32_t expected = (uint32_t)s + 1;
-        atomic_compare_exchange_strong(&g->owner[t], &expected, 0);
-    }
-}
-
-#include "_node_budget_tokens.h"
-#include "_node_budget_pool.h"
-#include "_node_budget_open.h"
+#endif

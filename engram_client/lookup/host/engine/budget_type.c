@@ -1,10 +1,12 @@
-/* NodeBudget, the Python object, and the pool's budget methods (included by _host_gather.c after the
- * GatherPool object, which they need). */
-/* ---- NodeBudget, the Python object ----------------------------------------------------------------- */
-typedef struct {
-    PyObject_HEAD
-    NodeBudget *b;
-} NodeBudgetObject;
+/* NodeBudget, the Python object of this process's slot in the node's gather budget: opening it as
+ * the daemon announced it, and what tests and the client read of it (stats, the group, the grant log).
+ *
+ * Owns: the object's reference to its budget.  May call: budget.c, budget_open.c.  Must never: be
+ * called without the GIL, or believe the header over what the daemon announced (only the decode
+ * tokens are read from it, where no announcement came).
+ */
+#include "budget_type.h"
+#include "budget_open.h"
 
 static int budget_init(NodeBudgetObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"fd", "group", "tokens", "slots", "small_rows", "decode", NULL};
@@ -174,7 +176,7 @@ static PyGetSetDef budget_getset[] = {
      "whether the daemon asks for prefill-size jobs to be gathered at SCHED_IDLE (--prefill-gathers idle)", NULL},
     {NULL}};
 
-static PyTypeObject NodeBudgetType = {
+PyTypeObject NodeBudgetType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "engram_client.lookup.host._host_gather.NodeBudget",
     .tp_basicsize = sizeof(NodeBudgetObject),
@@ -188,79 +190,7 @@ static PyTypeObject NodeBudgetType = {
     .tp_getset = budget_getset,
 };
 
-
-static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused);
-static PyObject *pool_get_prefill_spares(PoolObject *self, void *unused);
-#define NB_POOL_GETSETS {"prefill_crew", (getter)pool_get_prefill_crew, NULL, \
-    "(threads, errno): the crew that gathers prefill-size jobs (at SCHED_IDLE, or off the decode CPUs), and why it did not start (0: it did or was not asked)", NULL}, \
-    {"prefill_spares", (getter)pool_get_prefill_spares, NULL, \
-    "(threads, CPUs): the crew's spares at SCHED_IDLE on the decode CPUs, and the decode CPUs it keeps off (empty: none)", NULL},
-#define NB_POOL_METHODS {"set_budget", (PyCFunction)pool_set_budget, METH_O, \
-    "set_budget(budget) -> whether the pool now draws on it (a pool started on a budget only)."},
-
-/* The workers' CPUs from a Python sequence (None: not pinned); 1 if any, 0 if none, -1 raised. */
-static int nb_parse_cpus(PyObject *cpus, cpu_set_t *pin) {
-    CPU_ZERO(pin);
-    if (cpus == Py_None) return 0;
-    PyObject *seq = PySequence_Fast(cpus, "cpus must be a sequence of CPU numbers");
-    if (!seq) return -1;
-    int any = 0;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-        long cpu = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (cpu < 0 || cpu >= CPU_SETSIZE) {
-            Py_DECREF(seq);
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "CPU %ld is out of range", cpu);
-            return -1;
-        }
-        CPU_SET((int)cpu, pin);
-        any = 1;
-    }
-    Py_DECREF(seq);
-    return any;
-}
-
-/* A new daemon's budget: tokens are taken from it from now on; the old one is kept (tokens held
- * on it go back to it) until the pool goes. */
-static PyObject *pool_set_budget(PoolObject *self, PyObject *arg) {
-    if (!self->pool || check_pool(self->pool)) return NULL;
-    Pool *pool = self->pool;
-    if (!PyObject_TypeCheck(arg, &NodeBudgetType) || !((NodeBudgetObject *)arg)->b) {
-        PyErr_SetString(PyExc_TypeError, "set_budget needs an open NodeBudget");
-        return NULL;
-    }
-    if (!pool->budget || pool->nretired == 16) Py_RETURN_FALSE;  /* a pool alone stays alone; rebinds are rare */
-    NodeBudget *b = ((NodeBudgetObject *)arg)->b;
-    atomic_fetch_add(&b->refs, 1);
-    pool->retired[pool->nretired++] = atomic_exchange(&pool->budget, b);
-    Py_BEGIN_ALLOW_THREADS
-    crew_start(pool);  /* a new daemon that asks for a prefill crew; one that does not leaves it idle */
-    Py_END_ALLOW_THREADS
-    Py_RETURN_TRUE;
-}
-
-/* (threads at SCHED_IDLE serving prefill-size jobs, errno of the refusal that kept them from starting or 0) */
-static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused) {
-    Pool *pool = self->pool;
-    return Py_BuildValue("(ii)", pool ? atomic_load(&pool->ncrew) : 0, pool ? pool->crew_error : 0);
-}
-
-static PyObject *pool_get_prefill_spares(PoolObject *self, void *unused) {
-    Pool *pool = self->pool;
-    PyObject *cpus = PyList_New(0);
-    for (int c = 0; cpus && pool && pool->crew_split && c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &pool->decode_pin)) {
-            PyObject *n = PyLong_FromLong(c);
-            if (!n || PyList_Append(cpus, n) < 0) Py_CLEAR(cpus);
-            Py_XDECREF(n);
-        }
-    return cpus ? Py_BuildValue("(iN)", pool ? pool->crew_spares : 0, cpus) : NULL;
-}
-
-static PyObject *pool_get_budgeted(PoolObject *self, void *unused) {
-    return PyBool_FromLong(self->pool && self->pool->budget);
-}
-
-static int nb_add_to_module(PyObject *module) {
+int nb_add_to_module(PyObject *module) {
     return PyType_Ready(&NodeBudgetType) < 0 || PyModule_AddObjectRef(module, "NodeBudget", (PyObject *)&NodeBudgetType) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_VERSION", NB_VERSION) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_FILE_BYTES", NB_FILE_BYTES) < 0 ||
@@ -269,14 +199,4 @@ static int nb_add_to_module(PyObject *module) {
            PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_FLAG_NO_SPARES", NB_FLAG_NO_SPARES) < 0 ? -1 : 0;
-}
-
-/* GatherPool's budget and cpus arguments: the budget (or NULL) and the CPUs to pin to; as nb_parse_cpus. */
-static int nb_pool_options(PyObject *budget, PyObject *cpus, NodeBudget **out, cpu_set_t *pin) {
-    if (budget != Py_None && (!PyObject_TypeCheck(budget, &NodeBudgetType) || !((NodeBudgetObject *)budget)->b)) {
-        PyErr_SetString(PyExc_TypeError, "budget must be an open NodeBudget or None");
-        return -1;
-    }
-    *out = budget == Py_None ? NULL : ((NodeBudgetObject *)budget)->b;
-    return nb_parse_cpus(cpus, pin);
 }

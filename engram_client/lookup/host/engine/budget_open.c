@@ -1,5 +1,16 @@
-/* The node budget in a process (included by _node_budget.h): mapping it, claiming a slot, forks, release. */
-/* ---- opening, forks, closing ------------------------------------------------------------------------ */
+/* The node budget in a process: mapping it, claiming a slot, forks, letting go (budget.h draws
+ * the layout and the rules).
+ *
+ * Owns: every budget this process opened (nb_all, for the fork handler) and its descriptor, whose
+ * locks are its tokens and its slot.  May call: budget.c.  Must never: let a forked child keep the
+ * parent's open file description (its locks would outlive the parent), or believe the header over
+ * what the daemon announced.  nb_open runs with the GIL held and raises; nb_unref may run off it.
+ */
+#include "budget_open.h"
+
+static NodeBudget *nb_all;                 /* every budget of this process, for the fork handler */
+static pthread_mutex_t nb_all_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void nb_after_fork_in_child(void) {
     /* The child must not keep the parent's open file description (its locks) alive: close it here,
      * where the child runs alone.  Its mapping stays, unused (the child's pools refuse to run). */
@@ -10,7 +21,7 @@ static void nb_after_fork_in_child(void) {
         }
 }
 
-static void nb_unref(NodeBudget *b) {
+void nb_unref(NodeBudget *b) {
     if (atomic_fetch_sub(&b->refs, 1) != 1) return;
     pthread_mutex_lock(&nb_all_lock);
     for (NodeBudget **link = &nb_all; *link; link = &(*link)->next_all)
@@ -28,7 +39,7 @@ static void nb_unref(NodeBudget *b) {
  * daemon announced (group, tokens, slots, small_rows; 0: the header's) is the truth: the header lies
  * in memory every rank may write, so only what the kernel says of the file (size, seals) refuses
  * it, and a peer's write over the header changes no rank's seat.  Its flags are read as a hint. */
-static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots, int small_rows) {
+NodeBudget *nb_open(int fd_in, int group, int tokens, int slots, int small_rows) {
     static int atfork_done;
     int fd = fcntl(fd_in, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return (NodeBudget *)PyErr_SetFromErrno(PyExc_OSError);
@@ -98,4 +109,3 @@ static NodeBudget *nb_open(int fd_in, int group, int tokens, int slots, int smal
     pthread_mutex_unlock(&nb_all_lock);
     return b;
 }
-

@@ -1,12 +1,16 @@
-/* Whether this device and driver can signal lookups with stream memory operations (included by
- * _host_gather.c after _host_gather_staged.h).
+/* Whether this device and driver can signal lookups with stream memory operations.
  *
  * The _v2 operations exist from CUDA 11.7 and need no module parameter; the device attributes say
  * what the driver claims (CAN_USE_STREAM_MEM_OPS_V1 and CAN_USE_STREAM_WAIT_VALUE_NOR_V1 describe
  * the legacy API, and are reported, not required).  What decides is a live round trip on a private
  * stream: the stream waits for a word the CPU writes, then writes another word the CPU reads, as a
- * lookup does.  A device that fails it keeps host functions, and host_lookup.py says so once.
+ * lookup does.  A device that fails it keeps host functions, and host_lookup.py says so once. *
+ * Owns: the round trip's private stream and words.  May call: libcuda (cuda.h).  Must never: free
+ * what a stuck stream may still write (it is left to the context), or wait without a bound (1 s).
+ * It runs with the GIL held, released around the round trip.
  */
+#include "signal_support.h"
+#include "cuda.h"
 #define ROUND_TRIP_TIMEOUT_NS 1000000000LL
 
 static int device_attribute(int attribute, int device) {
@@ -42,7 +46,7 @@ static const char *signal_round_trip(CUstream s, double *micros) {
     return NULL;
 }
 
-static PyObject *stream_signal_support(PyObject *module, PyObject *unused) {
+PyObject *stream_signal_support(PyObject *module, PyObject *unused) {
     if (load_cuda()) return NULL;
     CUcontext ctx = NULL;
     int device = -1, driver = 0;

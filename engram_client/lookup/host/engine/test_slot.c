@@ -1,13 +1,19 @@
-/* SignalTestSlot: a signalled slot in plain memory, whose stream the caller plays (included by
- * _host_gather.c after _host_gather_staged.h).
+/* SignalTestSlot: a signalled slot in plain memory, whose stream the caller plays.
  *
  * The machines that run the test suite have no GPU, yet the protocol between the workers and a
- * stream (_stream_signal.h) and the pool's life with signals registered (close, fork, exit) are
+ * stream (signal.c) and the pool's life with signals registered (close, fork, exit) are
  * CPU code.  This type is a StagedJob without CUDA: prepare() does what enqueue() does before it
  * touches the stream, and the test, acting as the stream, writes ARMED into the word (or calls
  * start_now(), as an eager call with host ids does), waits for the word to reach each chunk and
  * reads the chunk's rows from staging.  Nothing but the buffers differs from a StagedJob's path.
+ *
+ * Owns: nothing beyond its slot.  May call: what a StagedJob calls (staged_type.h, staged.h, the signal
+ * set).  Must never: touch CUDA (the machines that run it have none), or be called without the GIL.
  */
+#include "test_slot.h"
+#include "pool_type.h"
+#include "signal_set.h"
+#include "staged_type.h"
 
 typedef struct {
     PyObject_HEAD
@@ -134,7 +140,7 @@ static PyGetSetDef test_slot_getset[] = {
     {"bad", (getter)test_slot_get_bad, NULL, "ids out of range in the last run", NULL},
     {NULL}};
 
-static PyTypeObject SignalTestSlotType = {
+PyTypeObject SignalTestSlotType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "engram_client.lookup.host._host_gather.SignalTestSlot",
     .tp_basicsize = sizeof(SignalTestSlotObject),

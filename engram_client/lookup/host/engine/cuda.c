@@ -1,46 +1,15 @@
-/* The CUDA driver API the host-gather path needs, opened with dlopen at first GPU use (included by
- * _host_gather.c): no link-time dependency on CUDA, and the CPU gather never loads it.  The stream
- * memory operations are optional: a driver without them (older than CUDA 11.7) keeps the host
- * functions (_stream_signal.h says how the two signal). */
-typedef int CUresult;
-typedef void *CUstream;
-typedef void *CUcontext;
-typedef void *CUevent;
-typedef unsigned long long CUdeviceptr;
-typedef void (*CUhostFn)(void *);
+/* Loading libcuda.so.1 and naming its errors.
+ *
+ * Owns: the table of driver entry points (cu) and the lock that fills it once.  May call: nothing of
+ * the engine but common.h.  Must never: link against CUDA (the module builds and runs without it),
+ * or be called without the GIL (its failures raise Python errors).
+ */
+#include "cuda.h"
 
-static struct {
-    int loaded;
-    CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
-    CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t, CUstream);
-    CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t, CUstream);
-    CUresult (*exchange_capture_mode)(int *);
-    CUresult (*mem_host_alloc)(void **, size_t, unsigned int);
-    CUresult (*mem_free_host)(void *);
-    CUresult (*get_error_name)(CUresult, const char **);
-    CUresult (*ctx_get_current)(CUcontext *);
-    CUresult (*ctx_set_current)(CUcontext);
-    CUresult (*stream_get_ctx)(CUstream, CUcontext *);
-    CUresult (*stream_is_capturing)(CUstream, int *);
-    CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int);
-    CUresult (*event_create)(CUevent *, unsigned int);
-    CUresult (*event_destroy)(CUevent);
-    CUresult (*event_record)(CUevent, CUstream);
-    CUresult (*event_query)(CUevent);
-    CUresult (*mem_host_get_device_pointer)(CUdeviceptr *, void *, unsigned int);
-    CUresult (*ctx_get_device)(int *);
-    CUresult (*device_get_attribute)(int *, int, int);
-    CUresult (*driver_get_version)(int *);
-    CUresult (*stream_synchronize)(CUstream);
-    CUresult (*stream_create)(CUstream *, unsigned int);
-    CUresult (*stream_destroy)(CUstream);
-    /* optional (NULL where the driver lacks them) */
-    CUresult (*stream_write_value32)(CUstream, CUdeviceptr, uint32_t, unsigned int);
-    CUresult (*stream_wait_value32)(CUstream, CUdeviceptr, uint32_t, unsigned int);
-} cu;
+CudaApi cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int load_cuda(void) {
+int load_cuda(void) {
     if (cu.loaded) return 0;
     pthread_mutex_lock(&cu_lock);
     if (!cu.loaded) {
@@ -88,7 +57,7 @@ static int load_cuda(void) {
     return 0;
 }
 
-static int cu_failed(CUresult rc, const char *what) {
+int cu_failed(CUresult rc, const char *what) {
     if (rc == 0) return 0;
     const char *name = "unknown error";
     if (cu.get_error_name) cu.get_error_name(rc, &name);

@@ -1,5 +1,13 @@
-/* The node budget: sweeping dead slots, taking a token and giving it back (included by _node_budget.h,
- * which draws the layout and the rules). */
+/* The node budget's tokens: sweeping dead slots, taking a token and giving it back, yielding at a
+ * block boundary, overdraft and stand-ins (budget.h draws the layout and the rules).
+ *
+ * Owns: a token's life in this process (the private bitmap `mine` claims it before its kernel lock is
+ * taken), the slot's want/held counts and the waits on its futex word.  May call: budget.c.  Must
+ * never: block on a lock while holding a token (the kernel locks are taken with F_OFD_SETLK, never
+ * SETLKW), wait without a bound (NB_WAIT_NS), or touch Python objects (gather threads run it off the GIL).
+ */
+#include "budget_tokens.h"
+
 static void nb_sweep(NodeBudget *b) {
     int64_t now = now_ns(), last = atomic_load(&b->last_sweep);
     if (now - last < NB_SWEEP_NS || !atomic_compare_exchange_strong(&b->last_sweep, &last, now)) return;
@@ -65,7 +73,7 @@ static int nb_pick(NodeBudget *b) {
 }
 
 /* One attempt: decide under the group's lock, then take the kernel lock. */
-static int nb_try(NodeBudget *b, int small, int uncontended_only) {
+int nb_try(NodeBudget *b, int small, int uncontended_only) {
     if (!nb_usable(b)) return NB_NONE;
     if (uncontended_only && (atomic_load(&b->g->want_mask) & ~b->bit)) return NB_NONE;
     uint64_t key = nb_glock(b);
@@ -100,7 +108,7 @@ static int nb_try(NodeBudget *b, int small, int uncontended_only) {
     return NB_NONE;
 }
 
-static void nb_release(NodeBudget *b, int t, int yielded) {
+void nb_release(NodeBudget *b, int t, int yielded) {
     if (yielded == 2) atomic_fetch_sub(&b->yielding, 1);
     if (t == NB_OVERDRAFT) {
         atomic_fetch_sub(&b->overdraft_now, 1);
@@ -140,15 +148,8 @@ static int nb_stand_in(NodeBudget *b, int64_t now) {
     return yes;
 }
 
-/* Called by a crew thread holding a token: it runs (see nb_stalled_crew). */
-static inline void nb_crew_seen(NodeBudget *b) {
-    int64_t now = now_ns();
-    if (now - atomic_load_explicit(&b->s->crew_seen_at, memory_order_relaxed) > NB_CREW_SEEN_NS)
-        atomic_store(&b->s->crew_seen_at, now);
-}
-
 /* A crew thread took (+1) or gives back (-1) a token: its slot counts those its crew holds. */
-static void nb_crew_hold(NodeBudget *b, int t, int delta) {
+void nb_crew_hold(NodeBudget *b, int t, int delta) {
     if (t < 0) return;
     if (delta > 0) atomic_store(&b->s->crew_seen_at, now_ns());  /* seen before counted: never stalled at once */
     atomic_store(&b->s->crew_held, atomic_fetch_add(&b->crew_held_here, delta) + delta);
@@ -157,7 +158,7 @@ static void nb_crew_hold(NodeBudget *b, int t, int delta) {
 /* Wait (bounded) for a token; NB_NONE once `needed(arg)` says the work is gone, NB_OVERDRAFT when
  * the tokens are kept from this slot (see NB_STARVE_NS), NB_STAND_IN for a decode-size job whose
  * token a crew thread off its CPU holds (nb_stand_in). */
-static int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg) {
+int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg) {
     if (!nb_usable(b)) {  /* closed under a job still in flight: its own thread finishes it, unbudgeted */
         atomic_fetch_add(&b->overdraft_now, 1);
         return NB_OVERDRAFT;
@@ -211,7 +212,7 @@ static int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg
 }
 
 /* At a block boundary: whether the holder of token t should give it back now. */
-static int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
+int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
     if (t < 0) return 0;
     NbGroup *g = b->g;
     uint64_t others = atomic_load_explicit(&g->want_mask, memory_order_relaxed) & ~b->bit;
@@ -239,6 +240,3 @@ static int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
             return atomic_compare_exchange_strong(&g->rotate_at, &at, now + NB_QUANTUM_NS);
     return 0;
 }
-
-/* take_block with the budget's accounting: the gathering count (never above the tokens), rows,
- * blocks of prefill jobs, and a wake-up for a waiter whose chunk this block completed. */

@@ -1,5 +1,18 @@
-/* The node budget's hooks into the gather pool (included by _node_budget.h): a worker's loop and the
- * waiting thread's part, both gathering only on tokens (see _node_budget.h for the rules). */
+/* The node budget's hooks into the gather pool: a worker's loop and the waiting thread's part, both
+ * gathering only on tokens (budget.h for the rules), and the rule that lists a job for the crew.
+ *
+ * Owns: pool_budget_ops, which a pool started on a budget is given (pool_type.c), so that the pool
+ * runs these in place of its own loop and wait without knowing a budget.  May call: the pool (pool.h),
+ * budget_tokens.c, budget_open.c.  Must never: sleep on the pool's condition variable holding a token
+ * (a holder lingers, polling, only while nobody else wants one), take more than the pool's lock for a
+ * look while holding one, or touch Python objects (gather threads run it off the GIL).
+ */
+#include "budget_pool.h"
+#include "budget_open.h"
+#include "budget_tokens.h"
+
+/* take_block with the budget's accounting: the gathering count (never above the tokens), rows,
+ * blocks of prefill jobs, and a wake-up for a waiter whose chunk this block completed. */
 static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
     int64_t block = atomic_fetch_add(&job->next_block, 1);
     if (block >= job->nblocks) return 0;
@@ -13,7 +26,7 @@ static int budget_take_block(NodeBudget *b, Job *job, int counted, int small) {
         while (now > peak && !atomic_compare_exchange_weak(&b->g->peak, &peak, now)) {}
     }
     gather_block(job, block);
-    if (job->signal) signal_publish(job);  /* tell the stream which chunks it may copy (_stream_signal.h) */
+    if (job->signal) job->pool->signal_ops->publish(job);  /* tell the stream which chunks it may copy (signal.c) */
     if (counted) atomic_fetch_sub(&b->g->gathering, 1);
     int64_t lo = block * job->block_rows;
     atomic_fetch_add_explicit(&b->s->rows, (uint64_t)(job->n - lo < job->block_rows ? job->n - lo : job->block_rows),
@@ -49,18 +62,49 @@ static inline int thread_quits(Pool *pool, int crew) {  /* the pool closes, or (
     return atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit));
 }
 
+/* Whether this worker is one of the pool's first `decode` (those crew.c pinned to the decode CPUs). */
+static int is_decode_worker(const Pool *pool, int decode) {
+    for (int i = 0; i < decode; i++)
+        if (pthread_equal(pthread_self(), pool->threads[i])) return 1;
+    return 0;
+}
+
+/* Whether this worker leaves decode-size jobs (and pre-wakes, and watching) to the workers on the
+ * decode CPUs: while the group's prefill crews hold more than half of the CPUs they may use, a
+ * worker woken on one of those would queue behind a crew thread of equal priority while holding a
+ * block of the job.  Where the crews hold less, CPUs there are idle and every worker helps (one
+ * rank alone, or decoding ranks beside one prefill at its fair share).  A peer that overstates its
+ * crew's tokens only narrows decode-size jobs to the decode CPUs: the tokens stay the budget's. */
+static int workers_stand_back(Pool *pool, NodeBudget *b) {
+    int decode = atomic_load(&pool->decode_workers);
+    return decode > 0 && !is_decode_worker(pool, decode) && 2 * nb_crew_held_total(b) > b->tokens - b->decode;
+}
+
+/* A worker standing back sleeps until the next job is listed, or 2 ms (the crews may have let go). */
+static void worker_stand_back(Pool *pool, JobList *list) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 2000000;
+    if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
+    pthread_mutex_lock(&pool->lock);
+    list->sleepers++;
+    pthread_cond_timedwait(&list->wake, &pool->lock, &until);
+    list->sleepers--;
+    pthread_mutex_unlock(&pool->lock);
+}
+
 static void worker_release(NodeBudget *b, int tok, int yielded, int crew) {
     if (crew) nb_crew_hold(b, tok, -1);
     nb_release(b, tok, yielded);
 }
 
 /* The worker loop of a pool on a budget (the hook in worker_main), of its prefill crew (crew 1) and of
- * the crew's spares (crew 2: no token, see _prefill_crew.h).  A worker
+ * the crew's spares (crew 2: no token, see crew.c).  A worker
  * without a token sleeps; it takes one when jobs are listed (or, to answer a pre-wake, when nobody
  * else wants one), gathers while it holds it, yields it at block boundaries when the budget says so,
  * and after its last job lingers, holding it, only while nobody else waits.  The crew serves its own
  * list, and neither answers pre-wakes nor watches stream signals (the workers do, for decode latency). */
-static void *budget_worker_main(Pool *pool, int crew) {
+void *budget_worker_main(Pool *pool, int crew) {
     NodeBudget *b = pool->budget;
     JobList *list = pool_list(pool, crew);
     int tok = NB_NONE;
@@ -73,8 +117,8 @@ static void *budget_worker_main(Pool *pool, int crew) {
                 int64_t spin = atomic_load(&pool->spin_until);
                 if (!crew && spin != answered && spin > now_ns()) break;
                 /* A graph replay's job is announced by no host call: while stream signals are
-                 * registered, one idle worker watches their words instead of sleeping (_signal_watch.h). */
-                if (!crew && signals_watch(pool)) continue;
+                 * registered, one idle worker watches their words instead of sleeping (signal_set.c). */
+                if (!crew && !workers_stand_back(pool, b) && signals_watch(pool)) continue;
                 list->sleepers++;
                 pthread_cond_wait(&list->wake, &pool->lock);
                 list->sleepers--;
@@ -87,9 +131,13 @@ static void *budget_worker_main(Pool *pool, int crew) {
             if (!listed) {  /* a pre-wake: be awake for the job, but only on a token nobody else wants */
                 answered = atomic_load(&pool->spin_until);
                 linger_until = answered;
-                if ((tok = nb_try(b, 1, 1)) == NB_NONE) continue;
+                if (workers_stand_back(pool, b) || (tok = nb_try(b, 1, 1)) == NB_NONE) continue;
+            } else if (!crew && small && workers_stand_back(pool, b)) {
+                atomic_fetch_add(&pool->stand_backs, 1);
+                worker_stand_back(pool, list);
+                continue;
             } else if (crew == 2) {
-                tok = NB_SPARE;  /* a spare gathers without a token, at SCHED_IDLE (_prefill_crew.h) */
+                tok = NB_SPARE;  /* a spare gathers without a token, at SCHED_IDLE (crew.c) */
             } else if ((tok = nb_acquire(b, small, crew ? nb_crew_has_work : nb_pool_has_work, pool)) == NB_NONE) {
                 continue;
             }
@@ -108,7 +156,7 @@ static void *budget_worker_main(Pool *pool, int crew) {
                     if (crew && tok >= 0) nb_crew_seen(b);
                     if ((yielded = nb_should_yield(b, tok, small, ++blocks))) break;
                 }
-                job_leave(job);  /* the last worker off a signalled job ends its run (_stream_signal.h) */
+                job_leave(job);  /* the last worker off a signalled job ends its run (signal.c) */
                 if (yielded || tok == NB_STAND_IN) {  /* a stand-in is for one job */
                     worker_release(b, tok, yielded, crew);
                     tok = NB_NONE;
@@ -182,3 +230,14 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
     if (tok != NB_NONE) nb_release(b, tok, 0);
 }
 
+/* Whether `job` (being listed; pool lock held) goes to the crew (crew.c says why). */
+static int crew_takes(Pool *pool, const Job *job) {
+    NodeBudget *b = atomic_load(&pool->budget);
+    return b && atomic_load(&pool->ncrew) > 0 && job->n > b->small_rows &&
+           ((b->flags & NB_FLAG_PREFILL_IDLE) || (pool->crew_split && b->decode > 0));
+}
+
+const PoolBudgetOps pool_budget_ops = {
+    .worker_main = budget_worker_main, .wait_chunk = budget_wait_chunk, .crew_takes = crew_takes,
+    .unref = nb_unref,
+};

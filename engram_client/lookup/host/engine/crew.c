@@ -1,11 +1,11 @@
-/* The prefill crew: a pool's threads at SCHED_IDLE that gather only prefill-size jobs (included by
- * _host_gather.c after _node_budget.h).
+/* The prefill crew: a pool's threads that gather only prefill-size jobs, at SCHED_IDLE or off the
+ * decode CPUs.
  *
  * Beside ranks that prefill, a decode-size lookup loses its time waiting for a CPU, not for a
  * token: its workers wake up runnable behind the prefill gatherers on the same cores (on the H200
  * machine a 6,144-row call took 2.42 ms beside three prefilling ranks against 0.33 alone, its
- * workers queued for a CPU 5.2 ms a call; with this crew, 0.53-0.55 ms: docs/BENCHMARKS.md,
- * "The prefill crew").
+ * workers queued for a CPU 5.2 ms a call; with this crew, 0.53-0.55 ms:
+ * docs/history/benchmarks-2026-12.md, "The prefill crew").
  * A thread cannot leave SCHED_IDLE without CAP_SYS_NICE, so prefill jobs get threads of their own:
  * where the daemon's budget says so (--prefill-gathers idle, bit NB_FLAG_PREFILL_IDLE of the budget's
  * header), a job of more than small_rows rows goes to the crew's list, and the pool's workers, at
@@ -13,7 +13,7 @@
  * count of gathering threads still holds.  What it costs: beside CPU-bound threads of normal
  * priority on the same cores, the crew gathers only in the time they leave, and a crew thread
  * holding a token may not run for seconds: decode-size waiters then stand in for it
- * (nb_stand_in, _node_budget_tokens.h), which is why a crew thread says it runs (nb_crew_seen).
+ * (nb_stand_in, budget_tokens.c), which is why a crew thread says it runs (nb_crew_seen).
  *
  * Where the budget keeps decode CPUs instead (engramd --decode-cpus, the header's decode count D),
  * the crew runs at normal priority, pinned to the pool's CPUs less the D highest of them (the
@@ -28,26 +28,18 @@
  * gathering threads may exceed its tokens by the spares, which take no CPU from any thread of
  * normal priority.  Their price: a block a spare took when a thread of normal priority wanted its
  * CPU waits for it, so a prefill call's last block may come late beside a busy decode CPU.
+ *
+ * Owns: starting the crew and its spares, and where they run (crew_split).  Which job goes to the
+ * crew is a budget rule (crew_takes, budget_pool.c); the pool joins the crew as it joins its workers
+ * (crew_join, pool.c).  May call: the pool (pool.h), budget_pool.c's worker loop.  Must never: raise
+ * the priority of a thread (a crew at SCHED_IDLE stays there), or fail the pool when a sandbox
+ * refuses SCHED_IDLE (crew_error says why, the client reports it).  Runs with the GIL released.
  */
-
-/* Whether `job` (being listed; pool lock held) goes to the crew. */
-static int crew_takes(Pool *pool, const Job *job) {
-    NodeBudget *b = atomic_load(&pool->budget);
-    return b && atomic_load(&pool->ncrew) > 0 && job->n > b->small_rows &&
-           ((b->flags & NB_FLAG_PREFILL_IDLE) || (pool->crew_split && b->decode > 0));
-}
+#include "crew.h"
+#include "budget_pool.h"
 
 static void *crew_main(void *arg) { return budget_worker_main(arg, 1); }
 static void *spare_main(void *arg) { return budget_worker_main(arg, 2); }
-
-static void crew_join(Pool *pool) {
-    atomic_store(&pool->ncrew, 0);  /* nothing is listed for it any more */
-    pthread_mutex_lock(&pool->lock);
-    pthread_cond_broadcast(&pool->lists[CREW].wake);
-    pthread_mutex_unlock(&pool->lock);
-    for (int i = 0; i < pool->crew_started; i++) pthread_join(pool->crew[i], NULL);
-    pool->crew_started = 0;
-}
 
 #define CREW_MAX_SPARES 64
 
@@ -68,13 +60,26 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
     return found;
 }
 
+/* Pin the first `decode` workers (no more than the pool has) to the decode CPUs and the others to
+ * all the pool's CPUs; 0: every worker on all of them.  While the crews of the group hold most of
+ * its other CPUs, only those first workers gather decode-size jobs (budget_pool.c,
+ * workers_stand_back): a worker woken there would queue behind a crew thread of equal priority,
+ * and a block it took would wait with it (docs/BENCHMARKS.md, "Decode workers on the decode CPUs"). */
+static void workers_place(Pool *pool, int decode) {
+    if (!pool->pinned) return;  /* no CPUs named: nothing to split (crew_split says the same) */
+    int n = decode < pool->nthreads ? decode : pool->nthreads;
+    for (int i = 0; i < pool->nthreads; i++)
+        pthread_setaffinity_np(pool->threads[i], sizeof pool->pin, i < n ? &pool->decode_pin : &pool->pin);
+    atomic_store(&pool->decode_workers, n);
+}
+
 /* Start the crew the pool's budget asks for: as many threads as the pool was asked for (a prefill
  * job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers idle), or at normal
  * priority off the decode CPUs plus one spare per decode CPU.  A crew of another kind (the pool
  * moved to a new daemon's budget with another rule) is joined first; one that the new budget does
  * not use stays, idle.  0, or an errno: nothing started (pool->crew_error keeps it, for the client
  * to say why its prefill gathers at normal priority beside decode calls). */
-static int crew_start(Pool *pool) {
+int crew_start(Pool *pool) {
     NodeBudget *b = atomic_load(&pool->budget);
     if (!b || atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
         return 0;
@@ -83,7 +88,10 @@ static int crew_start(Pool *pool) {
     CPU_ZERO(&decode_pin);
     int split = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &decode_pin);
     int spares = b->flags & NB_FLAG_NO_SPARES ? 0 : split;
-    if (!idle && !split) return 0;
+    if (!idle && !split) {
+        if (atomic_load(&pool->decode_workers)) workers_place(pool, 0);  /* a new daemon's budget keeps none */
+        return 0;
+    }
     if (pool->crew_started) {
         if (pool->crew_idle == idle && pool->crew_split == split && pool->crew_spares == spares &&
             CPU_EQUAL(&decode_pin, &pool->decode_pin))
@@ -110,10 +118,12 @@ static int crew_start(Pool *pool) {
     if (err) {
         atomic_store(&pool->crew_quit, 1);
         crew_join(pool);
+        workers_place(pool, 0);
         return pool->crew_error = err;
     }
     pool->crew_error = 0;
     pool->crew_split = split, pool->crew_spares = spares;
+    workers_place(pool, split);
     atomic_store(&pool->ncrew, n);  /* from now on, prefill jobs are listed for the crew */
     return 0;
 }
