@@ -27,7 +27,7 @@ SCHED_IDLE on them).  For each: the decode call alone and beside the
 neighbours (median, p90, its first chunk, how long its workers sat runnable waiting for a CPU,
 from schedstat), and the neighbours' rows/s with no decode call and with --hogs CPU-bound
 processes of normal priority on the same CPUs (what the policy costs a prefill where other
-threads crowd the gather CPUs).  docs/BENCHMARKS.md, "Decode beside prefill, the host stage on the
+threads crowd the gather CPUs).  docs/history/benchmarks-2026-12.md, "Decode beside prefill, the host stage on the
 CPU".
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ budget counters (time its threads waited for tokens, tokens taken, blocks of pre
 a decode-size job waited) and how long its gather threads ran and sat runnable, waiting for a CPU
 (schedstat).  With ``--busy-neighbours N`` the same again while N processes loop 393,216-id CPU
 gathers on the table (benchmarks/busy_neighbours.py), once per scheduling policy of theirs.  The first 5 calls of each
-series are warm-up.  docs/BENCHMARKS.md, "Engine level with busy neighbours: where the time goes".
+series are warm-up.  docs/history/benchmarks-2026-12.md, "Engine level with busy neighbours: where the time goes".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The dashboard's rows for the node's gather budget (README.md, "The node's gather budget").
+"""The dashboard's rows for the node's gather budget (docs/operating.md, "The node's gather budget").
 
 Per client (labels client, rank, cpus), from the counters its heartbeats report, so a figure
 moves once per heartbeat (a third of --lease-seconds): its pool's threads, rows gathered,
@@ -30,8 +30,9 @@ BUDGET_ROWS = (
         Panel("Rows gathered per second", "short",
               "Rows each client's pool gathered per second on the budget, and all of a node's clients together. "
               "The H200 machine's 15-token budget gathered 54-59 M rows/s of 393,216-row calls whether one, four "
-              "or eight ranks shared it (docs/BENCHMARKS.md, \"Many ranks on one node\"): a node well below that while "
-              "its ranks wait for tokens has too few --gather-cpus, or a peer holds tokens it does not gather on "
+              "or eight ranks shared it (docs/history/benchmarks-2026-12.md, \"Many ranks on one node\"): a node "
+              "well below that while its ranks wait for tokens has too few --gather-cpus, or a peer holds tokens "
+              "it does not gather on "
               "(Tokens held against tokens, Overdrafts).",
               (Query(ROWS_PER_S, CLIENT), Query(NODE_ROWS_PER_S, "{{instance}} all clients"))),
         Panel("Time waited for the budget", "percentunit",

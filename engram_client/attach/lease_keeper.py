@@ -3,7 +3,7 @@
 The daemon grants a lease in its attach reply, and the rank's heartbeat thread starts once the
 rank is ready to look rows up: after it has mapped the table, registered it with CUDA, verified
 it through the GPU and warmed its lookup path.  Registration alone costs about 0.06 s per GiB on
-the H200 machine (docs/BENCHMARKS.md, "Attach"), so a rank attaching DeepSeek-V4.1's 188.8 GiB
+the H200 machine (docs/history/benchmarks-2026-11.md, "Attach"), so a rank attaching DeepSeek-V4.1's 188.8 GiB
 takes longer than the default 10 s lease, and so did eight ranks attaching a 32 GiB table at once
 there: every lease expired before its first heartbeat, and each rank had to attach again.  While
 the attach work runs, this keeper renews the lease from the reply at the heartbeat's interval;

@@ -222,6 +222,9 @@ def bench(endpoint: str | None, table_gib: float, iterations: int, strategies: s
 
         print(as_markdown(results))
     if json_path:
+        from engram_client.tools.run_meta import run_meta
+
+        results["meta"] = run_meta(" ".join(["engramd", *sys.argv[1:]]))  # docs/BENCHMARKS.md is rendered from it
         with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
 

@@ -3,7 +3,7 @@
     --decode-cpus auto | N      (default auto: one per 8 tokens, rounded up, in a group of 4 or more)
 
 A rank's decode-size lookup beside prefilling neighbours waits for a CPU, not for a token: its
-woken workers land on cores where prefill token holders of equal priority gather (docs/BENCHMARKS.md,
+woken workers land on cores where prefill token holders of equal priority gather (docs/history/benchmarks-2026-12.md,
 "Decode beside prefill, the host stage on the CPU: where the wait is").  For each group the budget's
 header names D tokens that a prefill-size job never takes, and each rank runs its prefill gathers on
 a crew kept off the group's last D CPUs (engram_client/lookup/host/engine/crew.c), so a decode

@@ -107,7 +107,7 @@ def plan_groups(spec: str | None, sysfs: str = "/sys", allowed: list[int] | None
     Default: every CPU the daemon may run on, less one per GPU on each NUMA node (one if the
     node has no GPU but the machine has none at all), so that each rank's own thread keeps a
     core: on the H200 machine (16 vCPUs, one GPU) that is 15, the pool that gathered 72.7 M
-    rows/s alone (docs/BENCHMARKS.md, "Many ranks on one node")."""
+    rows/s alone (docs/history/benchmarks-2026-12.md, "Many ranks on one node")."""
     if spec == "off":
         return []
     allowed = sorted(os.sched_getaffinity(0)) if allowed is None else sorted(allowed)

@@ -24,7 +24,7 @@ DEPLOY = os.path.join(os.path.dirname(__file__), "..", "..", "deploy")
 K8S = os.path.join(DEPLOY, "kubernetes")
 UNIT = os.path.join(DEPLOY, "systemd", "engramd.service")
 RESERVATION_ANNOTATION = "engramd/table-reservation"
-# DeepSeek-V4.1: two Engram layers of these many rows, 256-wide (README.md, "The checkpoint").
+# DeepSeek-V4.1: two Engram layers of these many rows, 256-wide (docs/checkpoint.md).
 V41_ROWS = (384_006_168, 384_016_682)
 
 _SUFFIXES = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,

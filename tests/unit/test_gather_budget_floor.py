@@ -3,7 +3,7 @@
 Decode-size jobs (at most small_rows rows) take tokens before prefill-size ones, and a prefill
 gives its tokens back at the next block boundary while one waits.  With that rule alone, seven
 decoding ranks on 15 tokens held a prefilling rank at 1.3 M rows/s on the H200 machine
-(docs/BENCHMARKS.md, "Many ranks, the host stage alone").  In a group of NB_FLOOR_MIN_TOKENS (4)
+(docs/history/benchmarks-2026-12.md, "Many ranks, the host stage alone").  In a group of NB_FLOOR_MIN_TOKENS (4)
 tokens or more a prefill holding none may now take a free token while decode-size jobs wait.
 
 The waiting decode jobs are written into the budget's shared group as four peers would mark them

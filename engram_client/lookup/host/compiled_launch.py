@@ -3,7 +3,7 @@
 A launch through Triton's JIT binds and specializes every argument on every call, on the engine's
 thread: on the H200 machine the hot-row cache's classify kernel (14 arguments) took 50 us of host
 time a call that way and its three serve-side kernels 77 us, where their GPU time was 2-5 us each
-(docs/BENCHMARKS.md, "Where a cached lookup's time goes").  The compiled kernel's runner takes the
+(docs/history/benchmarks-2026-12.md, "Where a cached lookup's time goes").  The compiled kernel's runner takes the
 arguments as they are.
 
 A compiled kernel is valid only for arguments like those it was compiled for: Triton specializes

@@ -9,7 +9,7 @@ gather zeroed (an id out of range) comes out as zeros.
 The grid is persistent and capped (``programs``): a lookup prefetched beside the model
 would otherwise spread thousands of short programs over every SM, between the model's own
 blocks; a few programs looping over the rows finish well inside a prefetch and leave the
-other SMs alone (docs/BENCHMARKS.md, "The host-gather path").
+other SMs alone (docs/history/benchmarks-2026-11.md, "The host-gather path").
 
 A lookup's host time matters (it is spent on the engine's thread), so StagedDequant launches
 the kernel through its compiled runner (compiled_launch.py), skipping the JIT's per-call

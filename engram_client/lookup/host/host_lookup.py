@@ -39,7 +39,7 @@ CHUNK_BYTES = 4 << 20  # copies of this size run near the PCIe ceiling; smaller 
 # Signalled slots: a decode-size call (6,144 ids) in two chunks, so the first one's copy runs
 # while the second is gathered; a wait costs the stream microseconds, not a host function's ~35.
 # More chunks pipeline a little more but cost the engine thread ~7 us each (two driver calls) and
-# a graph replay ~5 us each (docs/BENCHMARKS.md, "Decode-size lookups").
+# a graph replay ~5 us each (docs/history/benchmarks-2026-12.md, "Decode-size lookups").
 DECODE_CHUNK_ROWS = 3072
 MIN_SLOT_ROWS = 8192  # a decode-size call fits the first slot
 MAX_SLOTS = 8

@@ -31,7 +31,7 @@
  *   - but no starvation: in a group of NB_FLOOR_MIN_TOKENS tokens or more, a slot with a prefill-size
  *     job keeps one token (its floor) while decode-size jobs wait, and one that holds none may take
  *     a free one and is the first woken by a release (seven decoding ranks on 15 tokens otherwise
- *     held a prefill at 1.3 M rows/s on the H200 machine: docs/BENCHMARKS.md, "the host stage alone");
+ *     held a prefill at 1.3 M rows/s on the H200 machine: docs/history/benchmarks-2026-12.md, "the host stage alone");
  *   - fair: fair = ceil(tokens / active slots); a slot at its fair share takes no token while a slot
  *     below it waits, and one above it yields at a block boundary;
  *   - round robin: among waiting slots, the one served least recently goes first; once per
@@ -42,7 +42,7 @@
  *     many tokens are always there for a decode call.  Its CPUs go with them: each pool runs its
  *     prefill-size jobs on a crew of threads kept off the group's D decode CPUs (crew.c),
  *     so a decode call's woken workers find idle CPUs there instead of queueing behind prefill
- *     holders of equal priority (docs/BENCHMARKS.md, "Decode beside prefill ... where the wait is");
+ *     holders of equal priority (docs/history/benchmarks-2026-12.md, "Decode beside prefill ... where the wait is");
  * Waiters sleep on their slot's futex word (bounded: NB_WAIT_NS) and a release wakes the slot
  * that is next.  A slot that has waited NB_STARVE_NS holding nothing (a peer keeps the tokens
  * locked) gathers without a token for NB_OVERDRAFT_NS, counted: no peer stalls a rank for longer.

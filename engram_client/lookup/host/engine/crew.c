@@ -4,8 +4,8 @@
  * Beside ranks that prefill, a decode-size lookup loses its time waiting for a CPU, not for a
  * token: its workers wake up runnable behind the prefill gatherers on the same cores (on the H200
  * machine a 6,144-row call took 2.42 ms beside three prefilling ranks against 0.33 alone, its
- * workers queued for a CPU 5.2 ms a call; with this crew, 0.53-0.55 ms: docs/BENCHMARKS.md,
- * "The prefill crew").
+ * workers queued for a CPU 5.2 ms a call; with this crew, 0.53-0.55 ms:
+ * docs/history/benchmarks-2026-12.md, "The prefill crew").
  * A thread cannot leave SCHED_IDLE without CAP_SYS_NICE, so prefill jobs get threads of their own:
  * where the daemon's budget says so (--prefill-gathers idle, bit NB_FLAG_PREFILL_IDLE of the budget's
  * header), a job of more than small_rows rows goes to the crew's list, and the pool's workers, at
