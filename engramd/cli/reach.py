@@ -15,7 +15,7 @@ engram_client.daemon_probe's (ranks use it too); this module says what the comma
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import click
 
@@ -24,10 +24,12 @@ from engram_client.core.errors import DaemonUnavailableError
 from engram_client.core.endpoints import default_endpoint, ipc_path
 from engram_client.attach.daemon_probe import absent_reason
 
+F = TypeVar("F", bound=Callable[..., Any])  # the command a click option decorates
+
 ANSWER_TIMEOUT_S = 10.0  # how long `status` and `stop` wait for an answer by default (README, probes)
 
 
-def wait_option(help_text: str):
+def wait_option(help_text: str) -> Callable[[F], F]:
     """``--wait SECONDS`` (``wait_s``, default 0: no wait) for every command that waits for the daemon to be
     ready; a wait is a deadline, so a negative one is a usage error, the same for each command."""
     return click.option("--wait", "wait_s", default=0.0, type=click.FloatRange(min=0), metavar="SECONDS",
