@@ -1,6 +1,6 @@
 """Decode CPUs: the few CPUs of each budget group where no prefill gather of normal priority runs.
 
-    --decode-cpus auto | N      (default auto: one per 8 tokens, rounded up, in a group of 4 or more)
+    --decode-cpus auto | N      (default auto: one per 4 tokens, rounded up, in a group of 4 or more)
 
 A rank's decode-size lookup beside prefilling neighbours waits for a CPU, not for a token: its
 woken workers land on cores where prefill token holders of equal priority gather (docs/history/benchmarks-2026-12.md,
@@ -10,9 +10,12 @@ a crew kept off the group's last D CPUs (engram_client/lookup/host/engine/crew.c
 call finds D idle CPUs and D free tokens at once; its first workers there ask for tokens, and the
 prefill holders elsewhere give theirs back at their next block boundary (small calls first).
 
-Why one per 8: D CPUs are what prefill loses while nobody decodes, less what the crew's spares at
-SCHED_IDLE gather there; one decode CPU is enough to start a decode call at once, and its other
-workers follow on the CPUs the prefill holders give back.  A group under 4 tokens keeps none: one
+Why one per 4: a decode call's workers beyond the decode CPUs queue behind prefill holders of equal
+priority, so the decode CPUs are the call's parallelism beside busy neighbours, not only its start.
+On the H200 machine (15 tokens, a decoding rank beside three prefilling ones, docs/BENCHMARKS.md)
+the decode step took 1.02-1.04x its time alone with 4 decode CPUs against 1.06-1.12x with 2, and
+the neighbours' prefill rows/s stayed at 0.92-1.0x; what prefill loses while nobody decodes is what
+the crew's spares at SCHED_IDLE do not gather there.  A group under 4 tokens keeps none: one
 of 2 or 3 CPUs is too large a share to take from prefill by default (give N to try).  With
 --prefill-gathers idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is
 refused.  --decode-spares off (a flag of the budget's header) starts no spares: the decode CPUs
@@ -27,7 +30,7 @@ import math
 from engram_client.core.errors import ConfigError
 
 AUTO = "auto"
-TOKENS_PER_DECODE_CPU = 8
+TOKENS_PER_DECODE_CPU = 4
 MIN_TOKENS = 4  # a group of fewer tokens keeps no decode CPU by default
 
 
