@@ -1,12 +1,16 @@
-"""Helpers shared by the benchmark scripts: sizes, timing summaries, tmpfs mounts."""
+"""Helpers shared by the benchmark scripts: sizes, timing summaries, tmpfs mounts, the one JSON writer."""
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
+import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
@@ -19,11 +23,38 @@ def receive(conn, timeout: float, what: str):
     return conn.recv()
 
 
+def run_meta() -> dict:
+    """How and where a result was measured: the command as given, the commit, the UTC date and the
+    machine.  The report generator reads exactly these keys (tests/unit/test_benchmark_json.py)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout: the result still stands
+        commit = None
+    try:
+        import torch
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        gpu = None
+    return {"command": shlex.join([*head, *sys.argv[1:]]), "commit": commit,
+            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            "machine": {"gpu": gpu, "cpus": os.cpu_count(), "host": platform.node()}}
+
+
 def write_json(path: str | None, results) -> None:
-    """The results as indented JSON at ``path`` (--json), when one was given."""
-    if path:
-        with open(path, "w") as f:
-            json.dump(results, f, indent=2)
+    """The results as indented JSON at ``path`` (--json; '-': stdout), when one was given, with a
+    ``meta`` object (run_meta) beside them; a list of results goes under ``results``."""
+    if not path:
+        return
+    body = dict(results) if isinstance(results, dict) else {"results": results}
+    text = json.dumps({"meta": run_meta(), **body}, indent=2)
+    if path == "-":
+        print(text)
+        return
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def lookup_parser(doc: str, iterations: int) -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""A dense decoder with random bf16 weights and DeepSeek-style Engram modules (benchmarks/engine_e2e.py).
+"""A dense decoder with random bf16 weights and DeepSeek-style Engram modules (benchmarks/engine/e2e.py).
 
 What an engine does with engram_client, at the cost a real model pays:
   - token ids -> row ids on the GPU with the client's hasher (``row_ids``: one kernel, no sync);

@@ -1,6 +1,6 @@
 """Many ranks looking up text on one node, with and without the HBM hot-row cache.
 
-    python -m benchmarks.cache_ranks [--table-gib 32] [--ranks 4] [--seconds 2] [--cache-percent 1]
+    python -m benchmarks.cache.ranks [--table-gib 32] [--ranks 4] [--seconds 2] [--cache-percent 1]
                                      [--text-mib 8] [--rows 6144|393216] [--json FILE]
 
 Starts a daemon on a demo table, then N rank processes on the GPU, all on the node's gather

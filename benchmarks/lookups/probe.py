@@ -1,6 +1,6 @@
 """One lookup at a time, GPU-visible, alone and beside busy neighbours, with the budget's counters.
 
-    python -m benchmarks.lookup_probe --endpoint E [--rows 6144] [--calls 60] [--gap-ms 6.6]
+    python -m benchmarks.lookups.probe --endpoint E [--rows 6144] [--calls 60] [--gap-ms 6.6]
         [--threads default,4,1] [--busy-neighbours 3] [--neighbour-policies normal,idle] [--json out.json]
 
 For each pool size (``default``: what the node's budget gives a rank), a client on the host path

@@ -1,9 +1,9 @@
 """A captured lookup's GPU-visible time by rows a call, beside a plain copy of the same bytes.
 
-    python -m benchmarks.replay_rows [--endpoint E] [--sizes 6144,4608,3352,2048,1024] [--iterations 100] [--json FILE]
+    python -m benchmarks.lookups.replay_rows [--endpoint E] [--sizes 6144,4608,3352,2048,1024] [--iterations 100] [--json FILE]
 
 For each size: one prefetch and its consumer captured in a CUDA graph, replayed with fresh uniform
-ids copied in first (``benchmarks/host_time.py``'s ``replay``: events around the replay, back to
+ids copied in first (``benchmarks/lookups/host_time.py``'s ``replay``: events around the replay, back to
 back and 5 ms apart), and a copy of rows x 264 bytes from pinned memory to HBM (the ceiling the
 copy engine sets).  What it answers: how much of a decode-size call's time its row count sets
 (the HBM cache fetches fewer rows a call, docs/BENCHMARKS.md).  Medians.
@@ -15,7 +15,7 @@ import statistics
 import torch
 
 from benchmarks.common import lookup_parser, serving, write_json
-from benchmarks.host_time import replay
+from benchmarks.lookups.host_time import replay
 from engram_client import EngramClient
 from engram_client.tools.bench_timing import timed
 

@@ -1,10 +1,10 @@
 """The HBM hot-row cache's hit rate on text, its policy replayed on the CPU: warm-up length and the
 policy against a true LRU of the same size.
 
-    python -m benchmarks.cache_policy [--table-gib 32] [--cache-percent 1] [--text-mib 6]
+    python -m benchmarks.cache.policy [--table-gib 32] [--cache-percent 1] [--text-mib 6]
         [--warm 100,500,1900] [--steps 60] [--check-kernels 30] [--json FILE]
 
-No GPU and no daemon: the workload is benchmarks/hot_cache.py's (the demo table's layout for
+No GPU and no daemon: the workload is benchmarks/cache/hot_cache.py's (the demo table's layout for
 --table-gib, the text tokenized with DeepSeek-V4's tokenizer and hashed with the table's hash; the
 first 70% of the tokens build the frequency list, decode steps of 256 sequences walk the last 30%),
 and the cache is sized as hot_cache.py sizes it (1% of the layer's rows, half for the list's fixed
@@ -35,7 +35,7 @@ import statistics
 import numpy as np
 
 from benchmarks.common import write_json
-from benchmarks.hot_cache import SPLIT, layer_budget, layer_counts
+from benchmarks.cache.hot_cache import SPLIT, layer_budget, layer_counts
 from engram_client.lookup.host.hot_cache import WAYS, part_sizes
 
 MIX = np.int64(0x5851F42D4C957F2D)

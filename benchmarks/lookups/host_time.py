@@ -1,6 +1,6 @@
 """Host time on the caller's thread per lookup, GPU-visible time, and graph replay cost, per signalling.
 
-    python -m benchmarks.host_time [--rows 6144] [--iterations 200] [--table-gib 8] [--endpoint E] [--json out.json]
+    python -m benchmarks.lookups.host_time [--rows 6144] [--iterations 200] [--table-gib 8] [--endpoint E] [--json out.json]
 
 Starts a daemon on a demo table (or uses --endpoint).  For the host path with each signalling
 (stream memory operations, and host functions forced by ENGRAM_HOST_SIGNAL) and for the UVA

@@ -1,6 +1,6 @@
 """Load throughput of engramd's loader against `cp` of the same files into the same directory.
 
-    python benchmarks/load_vs_cp.py --size-gib 8 --workdir /var/tmp/engram-bench --threads 1,4,16
+    python -m benchmarks.daemon.load_vs_cp --size-gib 8 --workdir /var/tmp/engram-bench --threads 1,4,16
 
 Writes a V4.1-layout checkpoint of about --size-gib, then for each target directory
 (the 4 KiB-page /dev/shm, and a huge=always tmpfs when the machine lets us mount
@@ -17,17 +17,14 @@ import glob
 import os
 import shutil
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import drop_file, mount_huge_tmpfs, summary, timed, unmount, write_json  # noqa: E402
-from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
-from engram_client.core.table_file import TableHeader  # noqa: E402
-from engramd.loading.checkpoint import read_checkpoint  # noqa: E402
-from engramd.loading.loader import CheckpointSource, Progress, fill_table  # noqa: E402
-from engramd.synth.writer import write_checkpoint  # noqa: E402
-from engramd.shm.table_files import ShmDir, instance_id  # noqa: E402
+from benchmarks.common import drop_file, mount_huge_tmpfs, summary, timed, unmount, write_json
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes
+from engram_client.core.table_file import TableHeader
+from engramd.loading.checkpoint import read_checkpoint
+from engramd.loading.loader import CheckpointSource, Progress, fill_table
+from engramd.synth.writer import write_checkpoint
+from engramd.shm.table_files import ShmDir, instance_id
 
 
 def load_once(plan, shm_dir: str, threads: int) -> float:

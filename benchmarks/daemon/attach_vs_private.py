@@ -1,6 +1,6 @@
 """A rank's start-up cost: attach to engramd's table (map + register) vs load a private copy.
 
-    python benchmarks/attach_vs_private.py --size-gib 32 --workdir /var/tmp/engram-attach
+    python -m benchmarks.daemon.attach_vs_private --size-gib 32 --workdir /var/tmp/engram-attach
 
 Writes a V4.1-layout checkpoint of about --size-gib, has engramd load it once, then
 alternates, --iterations times:
@@ -16,21 +16,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from safetensors import safe_open
 
-import torch  # noqa: E402
-from safetensors import safe_open  # noqa: E402
-
-from benchmarks.common import summary, timed, write_json  # noqa: E402
-from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
-from engram_client import EngramClient  # noqa: E402
-from engram_client.attach.registration import HostRegistration  # noqa: E402
-from engramd.loading.checkpoint import read_checkpoint  # noqa: E402
-from engramd.synth.writer import write_checkpoint  # noqa: E402
-from engram_client.tools.serve_process import launch_serve  # noqa: E402
+from benchmarks.common import summary, timed, write_json
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes
+from engram_client import EngramClient
+from engram_client.attach.registration import HostRegistration
+from engramd.loading.checkpoint import read_checkpoint
+from engramd.synth.writer import write_checkpoint
+from engram_client.tools.serve_process import launch_serve
 
 
 def private_copy(plan) -> float:

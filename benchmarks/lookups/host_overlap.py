@@ -1,6 +1,6 @@
 """Where the host path's cost beside a model goes: dequant grids, pool sizes, torch's OpenMP pool.
 
-    python -m benchmarks.host_overlap [--table-gib 16] [--grids all/16,32/32] [--threads 15,8] [--json out.json]
+    python -m benchmarks.lookups.host_overlap [--table-gib 16] [--grids all/16,32/32] [--threads 15,8] [--json out.json]
 
 Starts a daemon on a demo table (or uses --endpoint).  For each gather pool size and each
 staged-dequant grid (``programs/block_rows``; ``all``: one program per block of rows;

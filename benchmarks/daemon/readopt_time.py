@@ -1,6 +1,6 @@
 """Time from `engramd serve` starting to a ready table after kill -9, re-adopting vs loading.
 
-    python benchmarks/readopt_time.py --table-gib 8
+    python -m benchmarks.daemon.readopt_time --table-gib 8
 
 Loads a demo table of about --table-gib, kills the daemon with SIGKILL, then starts it
 again on the same socket and shm dir and times until `status` says ready (re-adopted),
@@ -13,18 +13,15 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import summary, write_json  # noqa: E402
-from engram_client.attach.connection import DaemonConnection  # noqa: E402
-from engram_client.core.demo_rows import demo_vocab_for_table_bytes  # noqa: E402
-from engram_client.core.errors import EngramError  # noqa: E402
-from engram_client.core.protocol import READY  # noqa: E402
-from engram_client.tools.serve_process import launch_serve  # noqa: E402
+from benchmarks.common import summary, write_json
+from engram_client.attach.connection import DaemonConnection
+from engram_client.core.demo_rows import demo_vocab_for_table_bytes
+from engram_client.core.errors import EngramError
+from engram_client.core.protocol import READY
+from engram_client.tools.serve_process import launch_serve
 
 
 def start(endpoint: str, shm: str, vocab: int, threads: int) -> tuple[subprocess.Popen, float, dict]:

@@ -1,6 +1,6 @@
 """Many attached clients at once: are leases kept and requests answered, and how fast is status?
 
-    python benchmarks/load_clients.py --clients 64 --seconds 60 [--socket ipc:///...] [--json FILE]
+    python -m benchmarks.daemon.load_clients --clients 64 --seconds 60 [--socket ipc:///...] [--json FILE]
 
 Without --socket it starts an engramd on its embedded demo table (a temporary ipc socket
 and shm dir, both removed afterwards); with --socket it uses the daemon already there.
@@ -23,7 +23,6 @@ bounded and says what it waited for.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import shutil
@@ -33,13 +32,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.load_client_process import START_TIMEOUT_S, client_main  # noqa: E402
-from engram_client.attach.connection import DaemonConnection  # noqa: E402
-from engram_client.core.errors import EngramError  # noqa: E402
-from engram_client.attach.readiness import wait_ready  # noqa: E402
-from engram_client.tools.serve_process import launch_serve  # noqa: E402
+from benchmarks.common import write_json
+from benchmarks.daemon.load_client_process import START_TIMEOUT_S, client_main
+from engram_client.attach.connection import DaemonConnection
+from engram_client.core.errors import EngramError
+from engram_client.attach.readiness import wait_ready
+from engram_client.tools.serve_process import launch_serve
 
 
 # --- the daemon, when this script starts it ------------------------------------------------
@@ -229,11 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["ok"] = (summary["leases_lost"] == 0 and summary["requests_unanswered"] == 0
                      and summary["clients_attached"] == args.clients and not summary["clients_failed"])
     print_results(summary)
-    if args.json == "-":
-        print(json.dumps(summary, indent=2))
-    elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    write_json(args.json, summary)
     return 0 if summary["ok"] else 1
 
 

@@ -1,6 +1,6 @@
 """A decode-size lookup's host stage beside ranks that prefill, on the CPU alone: where its time goes.
 
-    python -m benchmarks.decode_beside_prefill [--mode eager|graph] [--tokens 2] [--neighbours 2]
+    python -m benchmarks.node.decode_beside_prefill [--mode eager|graph] [--tokens 2] [--neighbours 2]
         [--table-gib 2] [--policies normal,batch,idle,crew,decode] [--decode-cpus 1] [--calls 150] [--hogs 1]
         [--json out.json]
 

@@ -1,6 +1,6 @@
 """The lookup kernels' grid: how many SMs a prefetch holds, and what that costs the model.
 
-    python benchmarks/lookup_grid.py --table-gib 64
+    python -m benchmarks.lookups.grid --table-gib 64
 
 A lookup program that waits on PCIe holds its SM as long as it runs: a dense kernel's
 blocks cannot share an SM whose registers it has taken.  So the grid cap trades the
@@ -14,20 +14,16 @@ program, programs, priority of the model's stream) it times, on one demo table, 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 from dataclasses import replace
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.common import write_json  # noqa: E402
-from engram_client import EngramClient  # noqa: E402
-from engram_client.tools.bench import start_daemon  # noqa: E402
-from engram_client.tools.bench_ids import SIZES, IdSampler  # noqa: E402
-from engram_client.tools.bench_timing import measure_overlap, time_ms  # noqa: E402
+from benchmarks.common import write_json
+from engram_client import EngramClient
+from engram_client.tools.bench import start_daemon
+from engram_client.tools.bench_ids import SIZES, IdSampler
+from engram_client.tools.bench_timing import measure_overlap, time_ms
 
 # (ids per block, warps per program, programs (None: one per block of ids), the model's stream
 # priority (0: the default stream's, the lowest; -1: a high-priority stream, so that the

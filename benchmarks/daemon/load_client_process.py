@@ -1,4 +1,4 @@
-"""One client process of benchmarks/load_clients.py: attach, heartbeat on its own connection, poll status, detach.
+"""One client process of benchmarks/daemon/load_clients.py: attach, heartbeat on its own connection, poll status, detach.
 
 It speaks the protocol through engram_client.attach.connection.DaemonConnection only, so it
 never imports torch (it reports whether it did).

@@ -1,6 +1,6 @@
 """Honest clients beside misbehaving peers, for minutes: does the daemon stay bounded and exact?
 
-    python benchmarks/soak_hostile.py [--seconds 600] [--clients 8] [--json FILE]
+    python -m benchmarks.daemon.soak_hostile [--seconds 600] [--clients 8] [--json FILE]
 
 Starts a daemon on the demo table (temporary socket and shm dirs), then runs side by side:
 
@@ -30,14 +30,12 @@ import time
 import numpy as np
 import zmq
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import write_json  # noqa: E402
-from engram_client.core import protocol  # noqa: E402
-from engram_client.attach.connection import DaemonConnection  # noqa: E402
-from engram_client.core.errors import EngramError  # noqa: E402
-from engram_client.attach.readiness import wait_ready  # noqa: E402
-from engram_client.tools.serve_process import launch_serve  # noqa: E402
+from benchmarks.common import write_json
+from engram_client.core import protocol
+from engram_client.attach.connection import DaemonConnection
+from engram_client.core.errors import EngramError
+from engram_client.attach.readiness import wait_ready
+from engram_client.tools.serve_process import launch_serve
 
 SAMPLE_S = 5.0
 BIG_SUBSCRIBER = (
