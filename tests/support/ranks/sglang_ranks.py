@@ -1,4 +1,4 @@
-"""SGLang stand-in ranks (tests/sglang_standin/replay_rank.py) as real processes, and the checkpoints they load.
+"""SGLang stand-in ranks (tests/support/sglang_standin/replay_rank.py) as real processes, and the checkpoints they load.
 
 Shared by the CPU test (tests/integration/test_sglang_plugin.py) and its GPU twin
 (tests/gpu/test_sglang_plugin_gpu.py): the same rank program and checkpoints, only the device differs.
@@ -13,7 +13,7 @@ import time
 
 from waiting import free_port  # noqa: F401 (the test imports it from here)
 
-STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_standin")
+STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sglang_standin")
 RANK_PROGRAM = os.path.join(STANDIN, "replay_rank.py")
 # 4 heads per n-gram order, orders 2..3: 8 hash columns a layer, so TP 2 gives each rank 4 whole
 # columns (SGLang's shard_range on column boundaries); 256 wide as in V4.1.  A few thousand rows a layer.

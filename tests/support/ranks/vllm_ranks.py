@@ -1,4 +1,4 @@
-"""vLLM stand-in ranks (tests/vllm_standin/replay_rank.py) as real processes, and the checkpoints they load.
+"""vLLM stand-in ranks (tests/support/vllm_standin/replay_rank.py) as real processes, and the checkpoints they load.
 
 Shared by the CPU test (tests/integration/test_vllm_plugin.py) and its GPU twin
 (tests/gpu/test_vllm_plugin_gpu.py): the same rank program and checkpoints, only the device differs.
@@ -12,8 +12,8 @@ import sys
 
 from waiting import free_port, wait_for
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-STANDIN = os.path.join(TESTS, "vllm_standin")
+SUPPORT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/support: the helpers, the stand-in
+STANDIN = os.path.join(SUPPORT, "vllm_standin")
 RANK_PROGRAM = os.path.join(STANDIN, "replay_rank.py")
 # 3 heads per n-gram order, orders 2..4: 9 heads a layer, so TP 2 splits them 5 + 4 and vLLM pads
 # the second rank with one zero head; 256 wide as in V4.1.  A few thousand rows a layer.
@@ -37,7 +37,7 @@ def start_ranks(out_dir: str, endpoint: str, checkpoints: dict[str, str], scenar
     """Start tp x dp ranks of the stand-in for vLLM ``version`` (ENGRAMD_VLLM=1, ENGRAMD_SOCKET=endpoint)."""
     full = {**os.environ, "ENGRAMD_VLLM": "1", "ENGRAMD_SOCKET": endpoint, "OMP_NUM_THREADS": "1",
             "STANDIN_VLLM_VERSION": version, **(env or {}),
-            "PYTHONPATH": os.pathsep.join(p for p in (STANDIN, TESTS, os.environ.get("PYTHONPATH")) if p)}
+            "PYTHONPATH": os.pathsep.join(p for p in (STANDIN, SUPPORT, os.environ.get("PYTHONPATH")) if p)}
     full.pop("VLLM_PLUGINS", None)
     port = free_port()
     ranks = []

@@ -1,6 +1,6 @@
 """One rank process for the gather-budget tests: attach, wait for "go", look up, check every row.
 
-    python tests/budget_rank.py ENDPOINT ROWS CALLS THREADS SEED [DEVICE]
+    python tests/support/ranks/budget_rank.py ENDPOINT ROWS CALLS THREADS SEED [DEVICE]
 
 ROWS ids per call (uniform over layer 1, fresh each call; up to 8,192 of them checked), CALLS calls (0: until "stop" on
 stdin), THREADS gather_threads (0: leave it to the budget).  stdout: one JSON line once

@@ -9,7 +9,7 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchless_s
 
 
 def torchless_env() -> dict[str, str]:
-    """os.environ with tests/torchless_site first on PYTHONPATH, whose sitecustomize blocks torch."""
+    """os.environ with tests/support/torchless_site first on PYTHONPATH, whose sitecustomize blocks torch."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH")) if p)
     return env

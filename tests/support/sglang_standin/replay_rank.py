@@ -1,6 +1,6 @@
 """One rank of an SGLang engine, replayed with the SGLang stand-in beside this file, against a real engramd.
 
-Run by tests/sglang_ranks.py as its own process (``python -P replay_rank.py SPEC``, this directory
+Run by tests/support/ranks/sglang_ranks.py as its own process (``python -P replay_rank.py SPEC``, this directory
 first on PYTHONPATH, so ``import sglang`` is the stand-in).  It joins the other ranks in a real
 torch.distributed gloo group, builds each SGLang replica's TP group, publishes SGLang's runtime
 context, loads SGLang's general plugins (engramd's entry point among them) and runs the spec's

@@ -1,6 +1,6 @@
 """One rank of a vLLM 0.33.0 or 0.34.0 engine, replayed with the vLLM stand-in beside this file, on a real engramd.
 
-Run by tests/vllm_ranks.py as its own process (``python -P replay_rank.py SPEC``, this directory
+Run by tests/support/ranks/vllm_ranks.py as its own process (``python -P replay_rank.py SPEC``, this directory
 first on PYTHONPATH, so ``import vllm`` is the stand-in, then tests/).  It joins the other ranks in a real
 torch.distributed gloo group, builds vLLM's TP and Engram DP groups, loads vLLM's general
 plugins (engramd's entry point among them) and runs the spec's scenarios in order, writing
@@ -48,7 +48,7 @@ from vllm.models.deepseek_v41.common import engram as vllm_engram
 from vllm.models.deepseek_v41.nvidia.model import DeepseekV4EngramModel, safetensors_weights
 from vllm.models.deepseek_v41.nvidia.ops import engram_host_table
 from vllm.utils.cpu_resource_utils import get_available_memory
-from waiting import wait_for  # tests/waiting.py: the ranks run with tests/ on their path
+from waiting import wait_for  # tests/support/waiting.py: the ranks run with tests/support on their path
 from vllm.plugins import load_general_plugins
 
 TOKENS = 96

@@ -1,4 +1,4 @@
-"""Rank processes of tests/budget_rank.py for the gather-budget tests (CPU and GPU): start them,
+"""Rank processes of tests/support/ranks/budget_rank.py for the gather-budget tests (CPU and GPU): start them,
 let them go together, collect and check their results; every wait bounded."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def read_line(proc: subprocess.Popen, timeout: float, what: str) -> dict:
 
 
 class Ranks:
-    """Rank processes (tests/budget_rank.py), started together once each has attached."""
+    """Rank processes (tests/support/ranks/budget_rank.py), started together once each has attached."""
 
     def __init__(self, endpoint: str, specs: list[tuple[int, int, int]], device: str = "cpu"):
         # specs: (rows per call, calls (0: until stopped), gather_threads (0: the budget decides)) per rank
