@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -23,6 +24,22 @@ def receive(conn, timeout: float, what: str):
     return conn.recv()
 
 
+@functools.cache
+def gpu_name() -> str | None:
+    """torch.cuda.get_device_name(0), or None without torch or CUDA.  Asked in a child process unless
+    this one already uses CUDA: a benchmark that keeps CUDA out of its own process (ranks.py writes
+    its JSON between the modes whose rank processes use the GPU) must not get a context from its writer."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.get_device_name(0)
+    code = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+    try:
+        asked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return asked.stdout.strip() or None
+
+
 def run_meta() -> dict:
     """How and where a result was measured: the command as given, the commit, the UTC date and the
     machine.  The report generator reads exactly these keys (tests/unit/test_benchmark_json.py)."""
@@ -33,14 +50,9 @@ def run_meta() -> dict:
                                 capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):  # no git, or not a checkout: the result still stands
         commit = None
-    try:
-        import torch
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        gpu = None
     return {"command": shlex.join([*head, *sys.argv[1:]]), "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-            "machine": {"gpu": gpu, "cpus": os.cpu_count(), "host": platform.node()}}
+            "machine": {"gpu": gpu_name(), "cpus": os.cpu_count(), "host": platform.node()}}
 
 
 def write_json(path: str | None, results) -> None:

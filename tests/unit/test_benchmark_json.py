@@ -21,6 +21,7 @@ def test_the_meta_keys_are_pinned(tmp_path):
     assert set(meta) == {"command", "commit", "date", "machine"}
     assert set(meta["machine"]) == {"gpu", "cpus", "host"}
     assert meta["machine"]["cpus"] == os.cpu_count()
+    assert meta["machine"]["gpu"] is None or isinstance(meta["machine"]["gpu"], str)
     assert len(meta["date"]) == 10 and meta["date"][4] == "-"  # an ISO date, YYYY-MM-DD
     assert meta["commit"] is None or isinstance(meta["commit"], str)
 
