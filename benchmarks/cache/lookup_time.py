@@ -1,7 +1,7 @@
 """Where a decode-size lookup's time goes with the HBM hot-row cache, against the same lookup without it.
 
     python -m benchmarks.cache.lookup_time [--rows 6144] [--iterations 100] [--table-gib 8] [--endpoint E]
-                                    [--hit-share 0.5] [--json FILE]
+                                           [--hit-share 0.5] [--json FILE]
 
 Starts a daemon on a demo table (or uses --endpoint) and a client whose first layer has a cache
 of recency ways only (1% of the layer's rows).  Every call's ids are new: --hit-share of them come

@@ -1,7 +1,7 @@
 """Many ranks on one node: the scheduled gather budget against every rank sizing its pool alone.
 
     python -m benchmarks.node.ranks [--table-gib 32] [--ranks 1,4,8] [--seconds 3] [--modes budget,alone]
-                               [--device cuda:0] [--stage gpu|host] [--daemon-args '...'] [--json out.json] [--markdown]
+                                    [--device cuda:0] [--stage gpu|host] [--daemon-args '...'] [--json out.json] [--markdown]
 
 Starts one daemon on a demo table built in memory (no checkpoint on disk), then, for each mode,
 max(--ranks) rank processes on --device: "budget" ranks draw on the daemon's default gather
