@@ -1,12 +1,17 @@
-"""Helpers shared by the benchmark scripts: sizes, timing summaries, tmpfs mounts."""
+"""Helpers shared by the benchmark scripts: sizes, timing summaries, tmpfs mounts, the one JSON writer."""
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import functools
 import json
 import os
+import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
@@ -19,11 +24,49 @@ def receive(conn, timeout: float, what: str):
     return conn.recv()
 
 
+@functools.cache
+def gpu_name() -> str | None:
+    """torch.cuda.get_device_name(0), or None without torch or CUDA.  Asked in a child process unless
+    this one already uses CUDA: a benchmark that keeps CUDA out of its own process (ranks.py writes
+    its JSON between the modes whose rank processes use the GPU) must not get a context from its writer."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.get_device_name(0)
+    code = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+    try:
+        asked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return asked.stdout.strip() or None
+
+
+def run_meta() -> dict:
+    """How and where a result was measured: the command as given, the commit, the UTC date and the
+    machine.  The report generator reads exactly these keys (tests/unit/test_benchmark_json.py)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout: the result still stands
+        commit = None
+    return {"command": shlex.join([*head, *sys.argv[1:]]), "commit": commit,
+            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            "machine": {"gpu": gpu_name(), "cpus": os.cpu_count(), "host": platform.node()}}
+
+
 def write_json(path: str | None, results) -> None:
-    """The results as indented JSON at ``path`` (--json), when one was given."""
-    if path:
-        with open(path, "w") as f:
-            json.dump(results, f, indent=2)
+    """The results as indented JSON at ``path`` (--json; '-': stdout), when one was given, with a
+    ``meta`` object (run_meta) beside them; a list of results goes under ``results``."""
+    if not path:
+        return
+    body = dict(results) if isinstance(results, dict) else {"results": results}
+    text = json.dumps({"meta": run_meta(), **body}, indent=2)
+    if path == "-":
+        print(text)
+        return
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def lookup_parser(doc: str, iterations: int) -> argparse.ArgumentParser:

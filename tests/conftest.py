@@ -128,7 +128,7 @@ def budget_daemon(daemon_factory):
 
 @pytest.fixture
 def ranks():
-    """Rank processes of tests/budget_rank.py, killed at the end if a test left them running."""
+    """Rank processes of tests/support/ranks/budget_rank.py, killed at the end if a test left them running."""
     started: list[Ranks] = []
 
     def start(endpoint, specs) -> Ranks:

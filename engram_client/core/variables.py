@@ -29,7 +29,7 @@ READERS = {
     SGLANG: "the SGLang plugin: 1 switches it on",
     DAEMON_USER: "every client: the daemon's user it trusts beside root and itself (engram_client/attach/socket_trust.py)",
     TEST_BIND_NODE: "tests only: binds every NUMA replica to this real node (engramd/daemon/replicas.py)",
-    TEST_LOCK_GATE: "tests only: pauses the daemon's start at its endpoint lock (tests/lock_pause_site)",
+    TEST_LOCK_GATE: "tests only: pauses the daemon's start at its endpoint lock (tests/support/lock_pause_site)",
 }
 
 

@@ -63,7 +63,7 @@ class LookupConfig:
     # With the HBM row cache the UVA path fetches its misses direct (uva/cached_lookup.py).
     strategy: str = "auto"
     # UVA path: cap on the kernels' programs, so a prefetch leaves most SMs to the model; None:
-    # one program per block of ids.  Ids per block and warps per program (benchmarks/lookup_grid.py).
+    # one program per block of ids.  Ids per block and warps per program (benchmarks/lookups/grid.py).
     max_programs: int | None = None
     block_rows: int = 16
     num_warps: int = 4

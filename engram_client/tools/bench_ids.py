@@ -1,7 +1,7 @@
 """The bench's synthetic row ids: the call sizes it times and fresh uniform or Zipf draws per call.
 
 bench.py times every method at each of SIZES with ids from IdSampler (bench_text.py adds
-a ``text`` distribution beside these two); benchmarks/lookup_grid.py and text_distinct.py
+a ``text`` distribution beside these two); benchmarks/lookups/grid.py and cache/text_distinct.py
 draw from the same sampler.
 """
 from __future__ import annotations

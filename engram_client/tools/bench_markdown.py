@@ -3,7 +3,7 @@
 Three tables: every method per call size and id distribution (the distinct fraction of a call's
 rows, GPU-visible time, host time on the caller's thread, useful bandwidth, against the strongest
 baseline, naive-words, and the copy); the matmul loop's slowdown beside prefetched lookups, per path; and
-issue 11's targets, met or not, read from the same run (the graph-replay host time comes from benchmarks/host_time.py).
+issue 11's targets, met or not, read from the same run (the graph-replay host time comes from benchmarks/lookups/host_time.py).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ of the table being benchmarked, so the ids have the repeats and spread that text
            (hashed with its history, as an engine's decode step is).
 
 ``distinct_fraction`` of a call is its distinct rows over its rows, to set beside the
-uniform and Zipf draws of bench_ids.py; ``benchmarks/text_distinct.py`` prints those fractions
+uniform and Zipf draws of bench_ids.py; ``benchmarks/cache/text_distinct.py`` prints those fractions
 for the bench's call sizes on the CPU (no GPU, no daemon needed).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def code_text(max_bytes: int) -> str:
     docstrings), in path order, up to ``max_bytes``; for benchmarks that need millions of tokens.
     encodings/ is left out: its codec modules are generated tables, whose n-grams repeat far more
     than code's (on Python 3.11 they were the held-out 30% of 6 MiB, and a cache of 1% of a layer
-    missed 0.43x of a decode step's rows there, against 0.58x on prose: benchmarks/cache_policy.py).
+    missed 0.43x of a decode step's rows there, against 0.58x on prose: benchmarks/cache/policy.py).
     The text is the running Python's: text_identity() names it, so that runs on two machines are
     compared only on the same text."""
     import sysconfig

@@ -2,7 +2,7 @@
 and the slowdown of a model's matmul loop while lookups are prefetched beside it.
 
 bench.py times every method with ``timed``; ``measure_overlap`` is the overlap measure it
-reports for each lookup path (benchmarks/lookup_grid.py uses both for its grid).
+reports for each lookup path (benchmarks/lookups/grid.py uses both for its grid).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a benchmark's JSON says of its run, under ``meta``: the command, the commit, the date and
-the machine.  docs/BENCHMARKS.md's head is rendered from these files (benchmarks/report.py), and a
+the machine.  docs/BENCHMARKS.md's head is rendered from these files (benchmarks/report/), and a
 figure without its machine and command cannot be compared with the next run's."""
 from __future__ import annotations
 

@@ -166,7 +166,7 @@ RANK = textwrap.dedent("""
 
 
 def test_ranks_in_several_processes_replay_their_graphs_at_once(demo_daemon):
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
     procs = [subprocess.Popen([sys.executable, "-c", RANK, demo_daemon.endpoint, str(rank), here],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(3)]
     outputs = [proc.communicate(timeout=240) for proc in procs]

@@ -128,7 +128,7 @@ RANK = textwrap.dedent("""
 
 
 def _ranks(endpoint: str, devices: list[str]) -> list[subprocess.Popen]:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
     return [subprocess.Popen([sys.executable, "-c", RANK, endpoint, device, str(rank), here],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for rank, device in enumerate(devices)]

@@ -1,7 +1,7 @@
 """engramd's SGLang plugin on CUDA: SGLang 0.5.23's call sequence as TP 2 x DP 2, four processes on one GPU.
 
 The GPU twin of tests/integration/test_sglang_plugin.py, with the same stand-in for SGLang
-(tests/sglang_standin): hash ids on the GPU, every layer looked up as ``Engram.forward`` does
+(tests/support/sglang_standin): hash ids on the GPU, every layer looked up as ``Engram.forward`` does
 (``_owned_rows`` on engramd's host path, then the TP all-reduce), SGLang's pad rows and dead
 ids included, compared bit for bit; then each rank's ``_owned_rows`` of every layer captured in
 one CUDA graph on the current stream (as SGLang's decode graphs capture the Engram lookup) and

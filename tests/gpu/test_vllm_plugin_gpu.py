@@ -1,7 +1,7 @@
 """engramd's vLLM plugin on CUDA: vLLM 0.33.0's and 0.34.0's call sequences as TP 2 x DP 2, four processes on one GPU.
 
 The GPU twin of tests/integration/test_vllm_plugin.py, with the same stand-in for vLLM's GPU
-paths (tests/vllm_standin): ids on the GPU, each rank's lookups on engramd's host path from
+paths (tests/support/vllm_standin): ids on the GPU, each rank's lookups on engramd's host path from
 ``Engram._start_prefetch`` on the layers' shared prefetch stream, waited for in ``_ready_rows``,
 eagerly and inside one captured CUDA graph replayed on new ids (vLLM's FULL mode; the last
 replay with DEAD_ID among them), every head compared bit for bit with the checkpoint after the

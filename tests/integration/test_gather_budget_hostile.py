@@ -120,7 +120,7 @@ def unprivileged_daemon(user, shm_dir: str, *extra: str, groups: tuple[int, ...]
 
 
 def rank_as(user, endpoint: str, processes: list) -> dict:
-    """A rank process (tests/budget_rank.py, 3 calls of 8,192 rows, 2 threads) of ``user``: its attach line."""
+    """A rank process (tests/support/ranks/budget_rank.py, 3 calls of 8,192 rows, 2 threads) of ``user``: its attach line."""
     processes.append(user.spawn(sys.executable, RANK, endpoint, "8192", "3", "2", "0", "cpu", stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, cwd="/"))
     return read_line(processes[-1], 90, "attach line")

@@ -4,7 +4,7 @@ pool.gather (a CPU client's lookups, the hot-row list's load at attach) keeps it
 calling thread's stack.  A worker used to read the job's signal pointer just after its last
 decrement of the job's users, when the caller may already have returned and reused that stack:
 several rank processes gathering on one node budget while the cores were oversubscribed
-crashed on the stale pointer (found by benchmarks/ranks.py --stage host on the 16-core GPU machine).
+crashed on the stale pointer (found by benchmarks/node/ranks.py --stage host on the 16-core GPU machine).
 Here several real processes share one real sealed budget memfd (each its own open file
 description, as ranks have), each with more workers than the machine has cores and three threads
 gathering small calls back to back, with other C calls reusing the stack in between.  The test

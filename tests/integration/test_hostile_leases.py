@@ -1,6 +1,6 @@
 """Peers that try to take every lease, so that an honest rank cannot attach.
 
-The hogs are real processes (tests/raw_peer.py run as a script, forking where it plays
+The hogs are real processes (tests/support/raw_peer.py run as a script, forking where it plays
 many processes); leases are counted per connection, per process and per user as the
 kernel names them (SO_PEERCRED), never by the ``pid`` a client writes in ``attach``.
 """

@@ -25,7 +25,7 @@ from engramd_as import engramd_argv
 from other_user import created_user, daemon_user, other_user  # noqa: F401  (fixtures)
 from waiting import end_process, wait_for
 
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 IMPOSTOR_SEED = 7  # other rows than the real daemon's (seed 0) under the same layout
 
 # A rank of the third user: everything imported as root first (the interpreter lives where other

@@ -1,4 +1,4 @@
-"""benchmarks/load_clients.py, small: 8 client processes for 5 s against a daemon it starts itself.
+"""benchmarks/daemon/load_clients.py, small: 8 client processes for 5 s against a daemon it starts itself.
 
 Correctness only, no timing: every client attaches, no lease is lost, every request is
 answered, every lease is released at the end, the client processes never import torch,
@@ -14,7 +14,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "benchmarks", "load_clients.py")
+MODULE = "benchmarks.daemon.load_clients"
 
 
 def leftovers() -> set[str]:
@@ -29,7 +29,7 @@ def test_load_clients_small(tmp_path):
     before = leftovers()
     out = tmp_path / "load.json"
     try:
-        proc = subprocess.run([sys.executable, SCRIPT, "--clients", "8", "--seconds", "5", "--json", str(out)],
+        proc = subprocess.run([sys.executable, "-m", MODULE, "--clients", "8", "--seconds", "5", "--json", str(out)],
                               cwd=ROOT, capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"load_clients.py did not finish within 180 s:\n{exc.stdout}\n{exc.stderr}")

@@ -3,7 +3,7 @@
 The stopping daemon unlinks its lock file while it holds the lock, then lets go.  A
 starter that opened the file just before could win the lock on that deleted file, and a
 third start would then lock a fresh file and bind the same socket.  Real daemons; the
-starter is held in that window by tests/lock_pause_site (the one thing no real timing
+starter is held in that window by tests/support/lock_pause_site (the one thing no real timing
 can do on purpose), everything else runs as it would.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from engram_client.attach.connection import DaemonConnection
 from engram_client.tools.serve_process import launch_serve
 from waiting import wait_for
 
-SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lock_pause_site")
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "lock_pause_site")
 
 
 def _ready(connection: DaemonConnection) -> dict | None:

@@ -1,7 +1,7 @@
 """A daemon run by another local user: root operating it, a group it is not in, refusals' exit code.
 
 The daemon here is a real ``engramd serve`` running as a second user created for the test
-(tests/engramd_as.py); the operator is this process's user, root.
+(tests/support/engramd_as.py); the operator is this process's user, root.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The dashboard and the alerting rules against a real Prometheus scraping real daemons.
 
-Debian's prometheus (tests/prometheus_tools.py installs it or the tests skip) scrapes, twice a
+Debian's prometheus (tests/support/prometheus_tools.py installs it or the tests skip) scrapes, twice a
 second, two real daemons through the shipped Kubernetes scrape job (its relabelling as it is;
 file_sd stands in for Kubernetes' pod discovery, which Debian's build leaves out, handing
 Prometheus the labels that discovery would): daemon A serves the demo table to two real client

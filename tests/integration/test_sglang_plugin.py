@@ -1,7 +1,7 @@
 """engramd's SGLang plugin driven by SGLang 0.5.23's call sequence: four ranks, a real daemon, real checkpoints.
 
 SGLang is not installed here and its Engram code runs on GPUs only, so the ranks run the
-stand-in in tests/sglang_standin (its docstring says what it replays).  Four processes are two
+stand-in in tests/support/sglang_standin (its docstring says what it replays).  Four processes are two
 SGLang replicas (DP 2) of TP 2, each replica's ranks joined by a real torch.distributed gloo
 group, looking rows up on device="cpu" (the GPU twin is tests/gpu/test_sglang_plugin_gpu.py).
 SGLang's host-table and staging knobs are set for every rank, as a user coming from SGLang's

@@ -1,6 +1,6 @@
 """engramd's SGLang plugin as SGLang 0.5.23 loads it: through ``load_plugins`` and the hook registry, in a fresh process.
 
-The stand-in's ``sglang.srt.plugins`` replays SGLang's loader (tests/sglang_standin), which logs
+The stand-in's ``sglang.srt.plugins`` replays SGLang's loader (tests/support/sglang_standin), which logs
 and skips a plugin that raises an Exception: so each refusal here is checked to end the
 process, not to leave SGLang serving its own tables.  The version is what importlib.metadata
 finds for ``sglang`` (the stand-in's dist-info, or one written here first on the path).

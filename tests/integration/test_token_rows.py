@@ -1,6 +1,6 @@
 """Tokens to rows end to end: a synthetic checkpoint with a tokenizer, a real daemon, a CPU client.
 
-The row ids come from the independent reference (tests/ngram_reference.py) computed from the
+The row ids come from the independent reference (tests/support/ngram_reference.py) computed from the
 checkpoint's tokenizer.json and config; the client's prefetch_tokens must return exactly the
 rows those ids look up.
 """

@@ -1,7 +1,7 @@
 """engramd's vLLM plugin driven by vLLM 0.33.0's and 0.34.0's call sequences: four ranks, a real daemon.
 
 vLLM is not installed here and its Engram code runs on GPUs only, so the ranks run the stand-in
-in tests/vllm_standin (its docstring says what it replays of each release).  Per release, four
+in tests/support/vllm_standin (its docstring says what it replays of each release).  Per release, four
 processes are one engine's TP 2 x DP 2, joined by a real torch.distributed gloo group, looking
 rows up on device="cpu" (the GPU twin is tests/gpu/test_vllm_plugin_gpu.py).  While they run,
 the daemon is killed and another started on the same socket; then the engine's ranks are

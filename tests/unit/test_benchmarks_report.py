@@ -1,4 +1,4 @@
-"""benchmarks/report.py: docs/BENCHMARKS.md opens with the tables rendered from the committed JSON
+"""benchmarks/report/: docs/BENCHMARKS.md opens with the tables rendered from the committed JSON
 under docs/results/ (so the two cannot drift apart), each benchmark's run renders its measures with
 the targets judged, and a run missing a key a measure needs is refused by file and key.
 
@@ -14,9 +14,9 @@ import subprocess
 
 import pytest
 
-from benchmarks import report
-from benchmarks.engine_e2e import busy_summary
-from benchmarks.ranks import judge
+from benchmarks.report import page as report
+from benchmarks.engine.e2e import busy_summary
+from benchmarks.node.ranks import judge
 from engram_client.tools.run_meta import run_meta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,7 +64,7 @@ def ranks() -> dict:
                 "per_rank": [{"median_ms": 6.0 * n / node * 60, "p90_ms": 7.0, "calls": 10, "rows": 393216}] * n}
     budget = [case("393,216", 1, 60.0), case("393,216", 4, 62.0), case("6,144", 8, 20.8)]
     results = {"modes": [{"mode": "budget", "cases": budget}, {"mode": "alone", "cases": [case("393,216", 4, 52.0)]}],
-               "budget_peak": 15, "budget_tokens": 15, "meta": meta("python -m benchmarks.ranks --ranks 1,4,8")}
+               "budget_peak": 15, "budget_tokens": 15, "meta": meta("python -m benchmarks.node.ranks --ranks 1,4,8")}
     results["targets"] = judge(results)
     return results
 
@@ -85,7 +85,7 @@ def hot_cache() -> dict:
 def load_vs_cp() -> dict:
     loads = [{"threads": t, "load_GBps": gbps, "ratio_vs_cp": gbps / 3.83} for t, gbps in ((1, 1.65), (4, 5.40))]
     return {"targets": [{"target": "tmpfs huge=always", "cp_GBps": 3.83, "loads": loads}],
-            "meta": meta("python benchmarks/load_vs_cp.py --size-gib 8")}
+            "meta": meta("python benchmarks/daemon/load_vs_cp.py --size-gib 8")}
 
 
 def attach() -> dict:
@@ -154,7 +154,7 @@ def test_a_run_missing_a_needed_key_is_refused_by_file_and_key(tmp_path, run, dr
 
 
 def test_a_command_no_measure_knows_is_refused(tmp_path):
-    [path] = write(tmp_path, {"run": dict(attach(), meta=meta("python -m benchmarks.soak_hostile"))})
+    [path] = write(tmp_path, {"run": dict(attach(), meta=meta("python -m benchmarks.daemon.soak_hostile"))})
     with pytest.raises(SystemExit, match="soak_hostile.*no benchmark the report knows"):
         report.render([path])
 

@@ -1,9 +1,9 @@
-"""benchmarks/engine_e2e.py's busy summary: the measures issue 35 judges (the decode step's median
+"""benchmarks/engine/e2e.py's busy summary: the measures issue 35 judges (the decode step's median
 and p90 alone and beside busy neighbours, a lone lookup's p90, the neighbours' own rows/s), from a
 run's results as the benchmark records them."""
 from __future__ import annotations
 
-from benchmarks.engine_e2e import busy_summary
+from benchmarks.engine.e2e import busy_summary
 
 
 def test_the_summary_puts_the_step_beside_neighbours_against_the_step_alone():

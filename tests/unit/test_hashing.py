@@ -1,4 +1,4 @@
-"""The token hash against the independent reference (tests/ngram_reference.py), on the CPU:
+"""The token hash against the independent reference (tests/support/ngram_reference.py), on the CPU:
 the C extension and the numpy fallback, packed sequences, decode continuation, bad input."""
 from __future__ import annotations
 

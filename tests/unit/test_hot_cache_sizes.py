@@ -1,5 +1,5 @@
 """row_cache.part_sizes: how a layer's cache budget splits between the list's fixed part and the
-recency part (HbmRowCache sizes itself with it; benchmarks/cache_policy.py replays those sizes)."""
+recency part (HbmRowCache sizes itself with it; benchmarks/cache/policy.py replays those sizes)."""
 from __future__ import annotations
 
 from engram_client.lookup.cache.row_cache import WAYS, part_sizes

@@ -172,13 +172,13 @@ def test_every_folder_keeps_its_rules():
     assert rule_violations(graph, folder_rules(modules)) == []
 
 
-def test_folders_and_modules_stay_small():
-    modules = project_modules()
+def assert_small(modules: dict[str, str]) -> None:
+    """No module over MAX_LINES_PER_MODULE lines, no folder over MAX_MODULES_PER_FOLDER modules."""
     per_folder: dict[str, int] = {}
     too_long = []
     for name, path in sorted(modules.items()):
         if not path.endswith("__init__.py"):
-            per_folder[name.rpartition(".")[0]] = per_folder.get(name.rpartition(".")[0], 0) + 1
+            per_folder[os.path.dirname(path)] = per_folder.get(os.path.dirname(path), 0) + 1
         with open(path) as f:
             lines = sum(1 for _ in f)
         if lines > MAX_LINES_PER_MODULE:
@@ -253,3 +253,62 @@ def test_the_gather_engine_is_c_units_without_a_circle():
     assert "pool.h" in includes["budget_pool.h"] and "budget.h" not in includes["pool.h"]
     host = os.path.dirname(ENGINE)
     assert not [f for f in os.listdir(host) if f.endswith((".c", ".h"))], "the host path's C sources belong in engine/"
+
+
+def test_folders_and_modules_stay_small():
+    assert_small(project_modules())
+
+
+# The benchmarks and the tests' helpers: the same size rules, and imports that run one way only.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARK_SHARED = {"benchmarks", "benchmarks.common", "benchmarks.busy_neighbours"}
+# The engine benchmark times one decode-step lookup with the lookup probe rather than a copy of it.
+BENCHMARK_CROSS_GROUP = {("benchmarks.engine.e2e", "benchmarks.lookups.probe")}
+
+
+def tree_modules(top: str) -> dict[str, str]:
+    """Every .py under REPO/top by dotted name (the standins' trees included), caches left out."""
+    modules = {}
+    for directory, dirs, files in os.walk(os.path.join(REPO, top)):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for file in files:
+            if file.endswith(".py"):
+                rel = os.path.relpath(os.path.join(directory, file), REPO)[:-3]
+                modules[rel.replace(os.sep, ".").removesuffix(".__init__")] = os.path.join(directory, file)
+    return modules
+
+
+def test_benchmarks_and_test_helpers_stay_small():
+    modules = {**tree_modules("benchmarks"), **tree_modules(os.path.join("tests", "support"))}
+    assert "benchmarks.common" in modules and "tests.support.waiting" in modules
+    assert_small(modules)
+
+
+def test_the_packages_import_no_benchmark_and_no_test_helper():
+    helpers = {os.path.basename(path)[:-3] for path in tree_modules(os.path.join("tests", "support")).values()}
+    forbidden = {"benchmarks", "tests", "conftest"} | helpers - {"__init__"}
+    found = []
+    for name, path in sorted(project_modules().items()):
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            heads = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            found += [f"{name} imports {head}" for head in heads if head.split(".")[0] in forbidden]
+    assert found == []
+
+
+def test_a_benchmark_group_imports_no_other_group():
+    modules = tree_modules("benchmarks")
+    assert {"benchmarks.lookups", "benchmarks.node", "benchmarks.engine", "benchmarks.cache", "benchmarks.daemon"} <= set(modules)
+    graph = {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+    found = []
+    for name, targets in sorted(graph.items()):
+        group = ".".join(name.split(".")[:2])
+        for target in sorted(targets - BENCHMARK_SHARED):
+            if name in BENCHMARK_SHARED:
+                found.append(f"{name} imports {target}: the shared helpers import no group")
+            elif not within(target, group) and (name, target) not in BENCHMARK_CROSS_GROUP:
+                found.append(f"{name} imports {target}: another group")
+    assert found == []
+    assert all(target in graph[name] for name, target in BENCHMARK_CROSS_GROUP), "an allowed import no longer exists"

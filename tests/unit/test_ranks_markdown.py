@@ -1,8 +1,8 @@
-"""benchmarks/ranks.py's markdown names the budget it ran on, the prefill rule included: two runs
+"""benchmarks/node/ranks_verdict.py's markdown names the budget a ranks run ran on, the prefill rule included: two runs
 of the same table under different --prefill-gathers rules must not read alike."""
 from __future__ import annotations
 
-from benchmarks.ranks import markdown
+from benchmarks.node.ranks_verdict import markdown
 
 
 def results(budget):

@@ -1,6 +1,6 @@
 """The SGLang plugin's fence and split: SGLang 0.5.23's surface as the stand-in holds it, read both ways.
 
-The live reader imports the stand-in (tests/sglang_standin, SGLang's module paths and
+The live reader imports the stand-in (tests/support/sglang_standin, SGLang's module paths and
 signatures); the source reader parses the same files as scripts/check_engines.py parses the
 real wheel (which passes the same fence: run it on sglang-0.5.23's wheel).  Both must give the
 same verdict on every item, and a change to one item must fail in both.

@@ -1,6 +1,6 @@
 """The daemon side installs without torch: engramd and the shared core import in an environment without it.
 
-The subprocess runs with tests/torchless_site's sitecustomize, which makes ``import torch``
+The subprocess runs with tests/support/torchless_site's sitecustomize, which makes ``import torch``
 (and triton, safetensors, cuda) raise ImportError, as on a daemon-only install.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 9):
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, torch
-    from benchmarks.cache_policy import interpret_masks_as_bool
+    from benchmarks.cache.policy import interpret_masks_as_bool
     from engram_client.lookup.uva import cached_lookup as C, lookup_kernel as L
     from engram_client.lookup.cache.kernels import CacheKernels
     from engram_client.lookup.cache.row_cache import HbmRowCache

@@ -3,7 +3,7 @@
  *
  * Rows are random, so every row costs a TLB miss and a few cache misses: software prefetch keeps
  * rows in flight, and its settings, with the kind of store that writes staging, are what
- * benchmarks/host_overlap.py sweeps (docs/history/benchmarks-2026-11.md, "The host-gather path").
+ * benchmarks/lookups/host_overlap.py sweeps (docs/history/benchmarks-2026-11.md, "The host-gather path").
  *
  * Owns: gather_tuning (set by module.c's set_tuning).  May call: nothing of the engine but common.h.
  * Must never: use an id outside [row_lo, row_hi) as an address (its staged row is zeroed and counted),

@@ -1,0 +1,2 @@
+"""Engine level: a model's tokens/s with Engram rows from engramd (e2e.py) on a dense decoder with
+random weights (model.py)."""

@@ -1,0 +1,4 @@
+"""python -m benchmarks.report docs/results/*.json --write docs/BENCHMARKS.md (page.py)."""
+from benchmarks.report.page import main
+
+main()
