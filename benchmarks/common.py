@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import functools
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import threading
 import time
+
+from engram_client.tools.run_meta import run_meta as tools_run_meta
 
 
 def receive(conn, timeout: float, what: str):
@@ -45,14 +45,7 @@ def run_meta() -> dict:
     machine.  The report generator reads exactly these keys (tests/unit/test_benchmark_json.py)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     head = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                                capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout: the result still stands
-        commit = None
-    return {"command": shlex.join([*head, *sys.argv[1:]]), "commit": commit,
-            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-            "machine": {"gpu": gpu_name(), "cpus": os.cpu_count(), "host": platform.node()}}
+    return tools_run_meta(shlex.join([*head, *sys.argv[1:]]), gpu=gpu_name())
 
 
 def write_json(path: str | None, results) -> None:

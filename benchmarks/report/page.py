@@ -79,7 +79,7 @@ def table(result: Result, title: str, rows_of) -> str:
     machine = f"{result.get(*meta, 'machine', 'gpu') or 'no GPU'}, {result.get(*meta, 'machine', 'cpus')} CPUs " \
               f"({result.get(*meta, 'machine', 'host')})"
     head = [f"### {title}", "",
-            f"{machine}, {result.get(*meta, 'date')}, commit {str(result.get(*meta, 'commit'))[:12]}: "
+            f"{machine}, {result.get(*meta, 'date')}, commit {result.get(*meta, 'commit')}: "
             f"`{result.get(*meta, 'command')}` ({os.path.basename(result.path)})", "", HEADER]
     return "\n".join(head + ["| " + " | ".join(cells) + " |" for cells in rows_of(result)])
 

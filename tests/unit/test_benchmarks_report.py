@@ -24,7 +24,7 @@ PAGE = os.path.join(ROOT, "docs", "BENCHMARKS.md")
 
 
 def meta(command: str) -> dict:
-    return {"command": command, "commit": "0123456789abcdef0123", "date": "2026-12-03 12:00 UTC",
+    return {"command": command, "commit": "0123456", "date": "2026-12-03",
             "machine": {"gpu": "NVIDIA H200", "cpus": 16, "host": "gpu-1"}}
 
 
@@ -125,7 +125,7 @@ def test_every_measure_is_a_table_with_its_baseline_ceiling_and_target(tmp_path)
     assert "| node rows/s, 4 ranks busy at 393,216 / one rank's | 1.03x | — | — | >= 0.95x | met |" in text
     assert "| decode under a CUDA graph, ms per call | 0.207 (1.119x) | 0.185 (no cache) | — | ≤ 0.6x | not met |" in text
     assert "| load into tmpfs huge=always, GB/s | 5.40 (4 threads) | 3.83 (cp) | — | — | — |" in text
-    assert "NVIDIA H200, 16 CPUs (gpu-1), 2026-12-03 12:00 UTC, commit 0123456789ab: " \
+    assert "NVIDIA H200, 16 CPUs (gpu-1), 2026-12-03, commit 0123456: " \
            "`python -m benchmarks.engine.e2e --busy-neighbours 3` (e2e.json)" in text
 
 
@@ -176,6 +176,7 @@ def test_the_meta_engramd_bench_records_is_what_the_report_reads(tmp_path):
     recorded = run_meta("engramd bench --json docs/results/bench.json")
     [path] = write(tmp_path, {"bench": dict(bench(), meta=recorded)})
     text = report.render([path])
-    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert f"CPUs ({recorded['machine']['host']}), {recorded['date']}, commit {(head or None)!s:.12}: " \
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert recorded["commit"] is None if not head else recorded["commit"].split("+")[0] == head
+    assert f"CPUs ({recorded['machine']['host']}), {recorded['date']}, commit {recorded['commit']}: " \
            "`engramd bench --json docs/results/bench.json` (bench.json)" in text
