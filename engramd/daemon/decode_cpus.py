@@ -13,8 +13,9 @@ prefill holders elsewhere give theirs back at their next block boundary (small c
 Why one per 4: a decode call's workers beyond the decode CPUs queue behind prefill holders of equal
 priority, so the decode CPUs are the call's parallelism beside busy neighbours, not only its start.
 On the H200 machine (15 tokens, a decoding rank beside three prefilling ones, docs/BENCHMARKS.md)
-the decode step took 1.02-1.04x its time alone with 4 decode CPUs against 1.06-1.12x with 2, and
-the neighbours' prefill rows/s stayed at 0.92-1.0x; what prefill loses while nobody decodes is what
+the decode step took 1.02-1.05x its time alone with 4 decode CPUs against 1.06-1.12x with 2 (one
+session each way: 1.045x against 1.058x, a lone 6,144-row lookup's p90 5.7x its p90 alone against
+15.8x), and the neighbours' prefill rows/s stayed at 0.92-0.96x; what prefill loses while nobody decodes is what
 the crew's spares at SCHED_IDLE do not gather there.  A group under 4 tokens keeps none: one
 of 2 or 3 CPUs is too large a share to take from prefill by default (give N to try).  With
 --prefill-gathers idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is
