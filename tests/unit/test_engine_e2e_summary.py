@@ -16,3 +16,18 @@ def test_the_summary_puts_the_step_beside_neighbours_against_the_step_alone():
     assert summary["median_x"] == 1.1 and summary["p90_x_median_alone"] == 2.5 and summary["lookup_p90_x"] == 10.0
     assert summary["step_busy_p90_ms"] == 10.0 and summary["step_alone_p90_ms"] == 4.2
     assert summary["neighbours_m_rows_per_s"] == 30.5 and summary["each_neighbour"] == [10.0, 11.5, 9.0]
+
+
+def test_the_rules_table_puts_each_rule_beside_the_default():
+    from benchmarks.engine.busy_rules import RULES, table
+
+    def summary(median_x: float, rows: float) -> dict:
+        return {"step_alone_ms": 6.5, "step_busy_ms": 6.5 * median_x, "median_x": median_x, "p90_x_median_alone": 1.4,
+                "lookup_p90_x": 5.7, "neighbours_m_rows_per_s": rows}
+
+    text = table({"default": summary(1.045, 32.3), "decode-2": summary(1.058, 33.51)})
+    lines = text.splitlines()
+    assert len(lines) == 4 and lines[0].count("|") == lines[2].count("|") == lines[3].count("|")
+    assert lines[2].startswith("| default | `(none)` |") and lines[2].endswith("| 32.3 | 1.00x |")
+    assert f"`{RULES['decode-2']}`" in lines[3] and lines[3].endswith("| 33.51 | 1.04x |")
+    assert table({"idle": summary(1.006, 34.5)}).splitlines()[2].endswith("| 34.5 | — |")  # no default: no ratio
