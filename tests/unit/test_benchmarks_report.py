@@ -136,6 +136,14 @@ def test_a_run_without_busy_neighbours_has_no_busy_table(tmp_path):
     assert "### Engine level" in text and "### The busy node" not in text
 
 
+
+def test_a_measure_without_a_committed_run_is_named_not_left_out(tmp_path):
+    text = report.render(write(tmp_path, {"e2e": e2e()}))
+    said = [line for line in text.splitlines() if line.startswith("Not measured in a committed run")]
+    assert len(said) == 1 and "Load: engramd's loader vs cp" in said[0] and "The HBM row cache on text" in said[0]
+    assert "Engine level" not in said[0]
+
+
 @pytest.mark.parametrize("run, drop, key", [
     (bench, lambda d: d["cases"][0]["naive-words"].pop("median_ms"), "cases.0.naive-words.median_ms"),
     (e2e, lambda d: d["models"]["2048x16"].pop("busy_summary"), "models.2048x16.busy_summary"),
