@@ -85,6 +85,8 @@ def _client_cache(cache: dict[str, Any] | None) -> str:
     """A client's HBM row cache, as its heartbeats report it (totals over its layers)."""
     if not cache:
         return ""
+    if not cache.get("bytes") and not cache.get("hits") and not cache.get("misses"):
+        return "row cache: none (hot_cache_bytes 0): every row is read from host memory"  # fetched counts every row
     hits, misses, fetched = cache.get("hits", 0), cache.get("misses", 0), cache.get("fetched", 0)
     if hits + misses:
         looked = (f"{hits / (hits + misses):.1%} hits ({_plural(hits, 'hit')}, {_plural(misses, 'miss', 'misses')}), "

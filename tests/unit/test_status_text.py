@@ -128,6 +128,10 @@ def test_a_status_line_never_contradicts_another_nor_prints_none():
     # "no lookups yet (0 hits, 0 misses), 180,224 rows fetched": rows read before any lookup filled the cache
     assert lines_of(status, "row cache") == ["row cache: no lookups yet; 180,224 rows read from host memory to fill "
                                              "it; 1.00 GiB of HBM holding 180,224 listed and 1 recent row"]
+    # a client without a cache: its gathers' rows are not a cache's fill
+    status["clients"][0]["cache"] = {"hits": 0, "misses": 0, "fetched": 180224, "bytes": 0, "fixed_rows": 0,
+                                     "recent_rows": 0}
+    assert lines_of(status, "row cache") == ["row cache: none (hot_cache_bytes 0): every row is read from host memory"]
     assert lines_of(status, "maps the") == ["maps the table, which is bound to no NUMA node: "
                                             "/dev/shm/engramd-x-g2.table (its own node: unknown)"]
     assert lines_of(status, "gather      ")[0].startswith("gather      node budget of 1 token, handed out")
