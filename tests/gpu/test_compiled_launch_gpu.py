@@ -9,7 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")  # the suite's CPU machines have no Triton
 tl = triton.language
-from engram_client.lookup.host.compiled_launch import CompiledLaunch, runner_takes_constants  # noqa: E402
+from engram_client.lookup.compiled_launch import CompiledLaunch, runner_takes_constants  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 BLOCK = 128

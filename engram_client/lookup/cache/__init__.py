@@ -8,6 +8,6 @@ Must not import: ``engram_client.lookup.table``, ``engram_client.lookup.layer_ta
 ``engram_client.lookup.host.host_lookup``, ``engram_client.lookup.uva.uva_lookup``,
 ``engram_client.lookup.uva.cached_lookup``.
 
-From the paths it takes only shared kernel parts: the row fetch of ``uva/lookup_kernel.py`` (its
-dequantization) and ``host/compiled_launch.py`` (launches without the JIT's per-call binding).
+From ``lookup/`` it takes the parts every path's kernels share: ``row_fetch.py`` (a row's
+dequantization) and ``compiled_launch.py`` (launches without the JIT's per-call binding).
 """

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..uva.lookup_kernel import OUT_DTYPES, _fetch_rows
-from ..host.compiled_launch import CompiledLaunch
+from ..compiled_launch import CompiledLaunch
+from ..row_fetch import OUT_DTYPES, fetch_rows
 from .row_cache import POSITION_BITS, WAYS, on_device
 
 CLASSIFY_BLOCK = 256
@@ -100,11 +100,11 @@ def _serve_kernel(staging_ptr, out_ptr, n, slotmap_ptr, fixed_rows_ptr, rec_rows
         from_fixed = in_call & armed & (where >= 0)
         from_recent = in_call & armed & (where <= -2)
         staged = in_call & ~from_fixed & ~from_recent
-        values = _fetch_rows(staging_ptr, r, staged, ROW_BYTES, HEAD_DIM)
-        values = tl.where(from_fixed[:, None], _fetch_rows(fixed_rows_ptr, where, from_fixed, ROW_BYTES, HEAD_DIM),
+        values = fetch_rows(staging_ptr, r, staged, ROW_BYTES, HEAD_DIM)
+        values = tl.where(from_fixed[:, None], fetch_rows(fixed_rows_ptr, where, from_fixed, ROW_BYTES, HEAD_DIM),
                           values)
         values = tl.where(from_recent[:, None],
-                          _fetch_rows(rec_rows_ptr, -2 - where, from_recent, ROW_BYTES, HEAD_DIM), values)
+                          fetch_rows(rec_rows_ptr, -2 - where, from_recent, ROW_BYTES, HEAD_DIM), values)
         tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], values.to(OUT_DTYPE), mask=in_call[:, None])
 
 

@@ -7,6 +7,6 @@ The HBM row cache in front of the gather is ``engram_client.lookup.cache``, shar
 Must not import: ``engram_client.lookup.table``, ``engram_client.lookup.layer_table`` (the dispatch above
 it), ``engram_client.lookup.uva.uva_lookup``, ``engram_client.lookup.uva.cached_lookup``.
 
-The dequant kernel shares one Triton helper with the UVA kernel (its row fetch, in the UVA path's
-``lookup_kernel.py``); nothing else of that path is used here.
+The dequant kernel shares the row fetch with the UVA kernel and the cache (``lookup/row_fetch.py``)
+and launches through ``lookup/compiled_launch.py``; nothing of the UVA path is used here.
 """

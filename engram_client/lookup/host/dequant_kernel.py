@@ -2,7 +2,7 @@
 
 The host gather has copied packed rows (FP8 values then UE8M0 scales, ``row_bytes`` each)
 into a contiguous device buffer; this kernel turns row r into out[r], with the arithmetic of
-the UVA kernel (``_fetch_rows``: fp8 -> fp32, times a power of two built from the scale's
+the UVA kernel (``row_fetch.fetch_rows``: fp8 -> fp32, times a power of two built from the scale's
 bits, one rounding), so every path gives the same bits as engram_client.lookup.dequant.  A row the
 gather zeroed (an id out of range) comes out as zeros.
 
@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ...core.errors import EngramError
-from ..uva.lookup_kernel import OUT_DTYPES, _fetch_rows
-from .compiled_launch import CompiledLaunch
+from ..compiled_launch import CompiledLaunch
+from ..row_fetch import OUT_DTYPES, fetch_rows
 
 log = logging.getLogger("engram_client")
 BLOCK_ROWS = 16
@@ -41,7 +41,7 @@ def _dequant_staged_kernel(staging_ptr, out_ptr, n_rows, ROW_BYTES: tl.constexpr
     for block in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_R), tl.num_programs(0)):
         r = block.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
         in_call = r < n_rows
-        values = _fetch_rows(staging_ptr, r, in_call, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
+        values = fetch_rows(staging_ptr, r, in_call, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
         tl.store(out_ptr + r[:, None] * HEAD_DIM + cols[None, :], values, mask=in_call[:, None])
 
 

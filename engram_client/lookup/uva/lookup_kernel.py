@@ -19,24 +19,11 @@ import triton.language as tl
 from ...core.errors import EngramError
 from ...core.layout import QUANT_BLOCK, packed_row_bytes
 from ..config import LookupConfig
+from ..row_fetch import OUT_DTYPES, fetch_rows
 
 DEFAULT_CONFIG = LookupConfig()
 
-OUT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 ID_DTYPES = (torch.int32, torch.int64)
-
-
-@triton.jit
-def _fetch_rows(table_ptr, ids, fetch, ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Rows ``ids`` (local row numbers) where ``fetch``, dequantized to fp32; zeros elsewhere."""
-    base = tl.where(fetch, ids, 0) * ROW_BYTES
-    cols = tl.arange(0, HEAD_DIM)
-    w = tl.load(table_ptr + base[:, None] + cols[None, :], mask=fetch[:, None], other=0)
-    s = tl.load(table_ptr + base[:, None] + HEAD_DIM + (cols // 32)[None, :], mask=fetch[:, None], other=127)
-    values = w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    s32 = s.to(tl.int32)
-    bits = tl.where(s32 == 0, 0x00400000, tl.where(s32 == 255, 0x7FC00000, s32 << 23))
-    return values * bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -63,7 +50,7 @@ def _lookup_kernel(table_ptr, ids_ptr, perm_ptr, out_ptr, bad_ptr, n_ids, row_lo
         else:
             write = in_call
             dest = r
-        out = _fetch_rows(table_ptr, ids - row_lo, write & valid, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
+        out = fetch_rows(table_ptr, ids - row_lo, write & valid, ROW_BYTES, HEAD_DIM).to(OUT_DTYPE)
         tl.store(out_ptr + dest[:, None] * HEAD_DIM + cols[None, :], out, mask=write[:, None])
     if bad > 0:
         tl.atomic_add(bad_ptr, bad)
