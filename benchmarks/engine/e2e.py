@@ -179,7 +179,7 @@ def measure(model, sources: dict, args, label: str) -> dict:
 
 
 def decode_lookup(client) -> dict:
-    """One decode step's lookup on its own, eager, one call every step's time (lookup_probe.probe)."""
+    """One decode step's lookup on its own, eager, one call every step's time (benchmarks.lookups.probe)."""
     return probe(client, BATCH * 24, 55, 0.0066)
 
 
@@ -219,7 +219,8 @@ def main() -> None:
     parser.add_argument("--neighbour-policy", choices=POLICIES, default="normal",
                         help="the busy neighbours' CPU scheduling policy (SCHED_OTHER, _BATCH, _IDLE)")
     parser.add_argument("--diagnose", action="store_true",
-                        help="also host-beside-hbm: the host path's prefetches, rows from HBM (engine_model.HostBesideHbm)")
+                        help="also host-beside-hbm: the host path's prefetches, rows from HBM "
+                        "(benchmarks.engine.model.HostBesideHbm)")
     parser.add_argument("--daemon-args", default="", help="serve options of the daemon it starts (not with "
                         "--endpoint): the budget's rules, e.g. '--decode-cpus 0' or '--prefill-gathers idle'")
     parser.add_argument("--json")

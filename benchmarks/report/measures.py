@@ -1,7 +1,7 @@
 """The measures docs/BENCHMARKS.md opens with: which benchmark's JSON each comes from, the keys it
 reads there, and the targets it is judged against (one table, TARGETS, taken from the issues that
 set them).  Each measure turns one run's JSON into rows of one table:
-(measure, engramd, strongest baseline, hardware ceiling, target, met).  report.py renders them."""
+(measure, engramd, strongest baseline, hardware ceiling, target, met).  page.py renders them."""
 from __future__ import annotations
 
 import operator

@@ -5,7 +5,7 @@ daemon" would only show up as a timeout.  ``absent_reason`` looks at the socket 
 missing, not a socket, or a socket nothing accepts on (ECONNREFUSED, what a killed daemon
 leaves) are known at once; a listening socket, or a tcp:// endpoint, may have a daemon.
 
-Torch-free; the command line (engramd/reach.py) and engine integrations use it.
+Torch-free; the command line (engramd/cli/reach.py) and engine integrations use it.
 """
 from __future__ import annotations
 

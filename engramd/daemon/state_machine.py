@@ -72,7 +72,7 @@ class Daemon:
         for path in self.shm.remove_orphans():
             log.warning("cleaned up %s, left behind by a daemon that died", path)
         self._snapshot: dict[str, Any] = {}
-        self.budget = None  # the node's gather budget (engramd/gather_budget.py), set by the server
+        self.budget = None  # the node's gather budget (engramd/daemon/gather_budget.py), set by the server
         self.status()
 
     # -- derived views ---------------------------------------------------------------

@@ -3,7 +3,7 @@ under docs/results/ (so the two cannot drift apart), each benchmark's run render
 the targets judged, and a run missing a key a measure needs is refused by file and key.
 
 The runs below are written as each benchmark writes its JSON (the dicts its code builds, with the
-summaries its own functions compute: ranks.judge, engine_e2e.busy_summary); their figures are
+summaries its own functions compute: node/ranks_verdict.judge, engine/e2e.busy_summary); their figures are
 made up for the test, shaped as the H200 machine's."""
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def hot_cache() -> dict:
 def load_vs_cp() -> dict:
     loads = [{"threads": t, "load_GBps": gbps, "ratio_vs_cp": gbps / 3.83} for t, gbps in ((1, 1.65), (4, 5.40))]
     return {"targets": [{"target": "tmpfs huge=always", "cp_GBps": 3.83, "loads": loads}],
-            "meta": meta("python benchmarks/daemon/load_vs_cp.py --size-gib 8")}
+            "meta": meta("python -m benchmarks.daemon.load_vs_cp --size-gib 8")}
 
 
 def attach() -> dict:

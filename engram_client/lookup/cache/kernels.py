@@ -12,13 +12,14 @@ set-associative table: the id's set, WAYS keys), and writes
 It stamps each recency way it hits with the call's sequence number and, per set, keeps the
 largest claim of the call's misses there (atomic max of seq << POSITION_BITS | i + 1).
 
-``serve`` runs after the staged rows reached HBM: out[i] is the dequantized row from wherever
-slotmap says, and each miss that won its set's claim is copied (packed bytes, from device staging)
-into the way of its set least recently stamped and not stamped by this call.  So no row of the
-recency part is written while this call reads it (the ways it hits carry its stamp) and no two
-misses write one way (one winner per set); calls are ordered by the prefetch stream, and a graph
+``serve()`` runs after the staged rows reached HBM and enqueues three kernels: serve (out[i] is
+the dequantized row from wherever slotmap says), insert (each miss that won its set's claim takes
+the way of its set least recently stamped and not stamped by this call, and the call's number is
+committed) and move (the miss's row, packed bytes from device staging, into that way).  So no row
+of the recency part is written while this call reads it (the ways it hits carry its stamp) and no
+two misses write one way (one winner per set); calls are ordered by the prefetch stream, and a graph
 replay is a call like any other.  The call's sequence number lives on the device (``control``):
-classify reads control[0] + 1 and every program writes it to control[1]; serve reads control[1],
+classify reads control[0] + 1 and every program writes it to control[1]; insert reads control[1],
 and its program 0 commits it to control[0].  control[2] == 0 disarms the cache (the client closed
 or moved to another generation): every id is a miss and nothing of the cache is read or written.
 """

@@ -100,7 +100,7 @@ class GatherSeat:
         return self.words + self.prefill_words
 
     def report(self, daemon_version: tuple[int, int] | None = None) -> dict | None:
-        """The counters a heartbeat carries (engramd/gather_budget.py checks them), those the daemon
+        """The counters a heartbeat carries (engramd/daemon/gather_budget.py checks them), those the daemon
         knows: ``daemon_version`` is the protocol version of its replies."""
         if self.budget is None:  # without a seat: what the pool is, and no slot (status says "no seat")
             return {"group": self.group["group"], "tokens": self.group["tokens"], "threads": self.threads,

@@ -2,7 +2,8 @@
  * says (held tokens, fair share, stalled crews), who may take a free token and who is next, and dead
  * slots.  budget.h draws the layout and the rules.
  *
- * Owns: the decisions (nb_eligible, nb_next_waiter) and the decision lock.  May call: nothing of the
+ * Owns: who may take a free token and who is next (nb_eligible, nb_next_waiter) and the decision
+ * lock; yields, overdrafts and stand-ins are budget_tokens.c's.  May call: nothing of the
  * engine but common.h.  Must never: trust a count in the mapping beyond what bounds it (any peer may
  * write there), take a kernel lock while holding the decision lock for longer than a look, or touch
  * Python objects (gather threads run it off the GIL).

@@ -6,8 +6,9 @@
  * draws the same layout for the daemon.  A pool attached to a budget gathers a block only while
  * one of its threads holds a token of its group (one group per NUMA node with budget CPUs):
  *
- *     offset      0        header        magic, version, groups, slots, small_rows, flags, tokens per group,
- *                                       decode CPUs per group (0 in a budget of an older daemon: none)
+ *     offset      0        header        magic, version, file_bytes, groups, slots, small_rows, flags,
+ *                                       tokens per group, decode CPUs per group (0 in a budget of an
+ *                                       older daemon: none)
  *                 4096     slots[64]     one per rank process: want/held counts, futex word, counters
  *                 16384 +  group[g]      decision lock, want/small/holding masks, token owner hints,
  *                   g*40960              the gathering counter and its peak, the grant log
@@ -53,9 +54,10 @@
  * gathers its job in that token's place (a stand-in, counted): no more threads run gathers than
  * there are tokens, since the one it stands in for is not running.
  *
- * The budget's units, lowest first: budget.c (this layout, the decision lock, reading the group and
- * deciding who is next), budget_tokens.c (taking a token and giving it back), budget_open.c (mapping
- * it, claiming a slot, forks), budget_pool.c (the pool's worker loop and waiter on tokens).
+ * The budget's units, lowest first (this header draws the layout they share): budget.c (the decision
+ * lock, reading the group and deciding who is next), budget_tokens.c (taking a token and giving it
+ * back), budget_open.c (mapping it, claiming a slot, forks), budget_pool.c (the pool's worker loop
+ * and waiter on tokens).
  */
 #ifndef ENGRAM_ENGINE_BUDGET_H
 #define ENGRAM_ENGINE_BUDGET_H

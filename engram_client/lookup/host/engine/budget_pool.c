@@ -3,7 +3,7 @@
  *
  * Owns: pool_budget_ops, which a pool started on a budget is given (pool_type.c), so that the pool
  * runs these in place of its own loop and wait without knowing a budget.  May call: the pool (pool.h),
- * budget_tokens.c, budget_open.c.  Must never: sleep on the pool's condition variable holding a token
+ * budget.c, budget_tokens.c, budget_open.c, gather.c (gather_block).  Must never: sleep on the pool's condition variable holding a token
  * (a holder lingers, polling, only while nobody else wants one), take more than the pool's lock for a
  * look while holding one, or touch Python objects (gather threads run it off the GIL).
  */

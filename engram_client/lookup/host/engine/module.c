@@ -7,16 +7,7 @@
  * without any sync).  Work is split in blocks taken from an atomic counter.  Workers sleep on a
  * condition variable when idle, after a short spin.
  *
- * A StagedJob owns pinned ids and staging buffers and enqueues, on a CUDA stream, in stream order:
- *
- *     [ids on the GPU: copy to pinned ids] -> write ARMED -> wait(chunk 0 staged) -> copy chunk 0
- *     -> wait(chunk 1 staged) -> copy chunk 1 -> ...        (stream memory operations, signal.c)
- *     [ids ...] -> host fn(start, gather chunk 0) -> copy chunk 0 -> host fn(chunk 1) -> ...  (fallback)
- *
- * so the copy of one chunk overlaps the gather of the next, and nothing holds SMs.  The same calls
- * record graph nodes when the stream is capturing, and every replay gathers the ids then in the
- * input buffer.  libcuda is opened with dlopen at the first GPU use: the module builds and runs
- * without CUDA, and the CPU gather never needs it.
+ * A StagedJob enqueues that gather on a CUDA stream, in stream order: staged.c draws the sequence.
  *
  * Life cycle: close() (or deallocation) stops and joins the workers; signals registered then are
  * answered by one process-wide thread.  A child process after fork() refuses to use its parent's

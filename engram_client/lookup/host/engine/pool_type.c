@@ -3,7 +3,8 @@
  *
  * Owns: the object's reference to its pool, and the wiring of a pool to the units above it: a pool
  * is given pool_signal_ops, and pool_budget_ops where it starts on a budget.  May call: the pool
- * (pool.h), the crew, the signal set, the budget's Python object.  Must never: be called without the
+ * (pool.h), the crew, the signal set, budget_pool.c (pool_budget_ops), the budget's Python object.
+ * Must never: be called without the
  * GIL, or hold it while it waits for gather threads (it releases it around every wait and join).
  */
 #include "pool_type.h"

@@ -4,7 +4,8 @@
  * what the driver claims (CAN_USE_STREAM_MEM_OPS_V1 and CAN_USE_STREAM_WAIT_VALUE_NOR_V1 describe
  * the legacy API, and are reported, not required).  What decides is a live round trip on a private
  * stream: the stream waits for a word the CPU writes, then writes another word the CPU reads, as a
- * lookup does.  A device that fails it keeps host functions, and host_lookup.py says so once. *
+ * lookup does.  A device that fails it keeps host functions, and host_signal.py says so once.
+ *
  * Owns: the round trip's private stream and words.  May call: libcuda (cuda.h).  Must never: free
  * what a stuck stream may still write (it is left to the context), or wait without a bound (1 s).
  * It runs with the GIL held, released around the round trip.

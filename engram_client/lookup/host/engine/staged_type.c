@@ -6,7 +6,8 @@
  * event objects off the per-call path.
  *
  * Owns: the object's reference to its slot and its pool.  May call: staged.c, the signal set
- * (register, unregister), the pool (pool.h), GatherPool (pool_type.h), libcuda (cuda.h).  Must never:
+ * (register, unregister), signal.c (signal_start_now), the pool (pool.h), GatherPool (pool_type.h),
+ * libcuda (cuda.h).  Must never:
  * free a slot that is in flight or held by a captured graph (it is leaked instead), or be called
  * without the GIL.
  */

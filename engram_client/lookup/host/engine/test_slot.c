@@ -8,7 +8,7 @@
  * reads the chunk's rows from staging.  Nothing but the buffers differs from a StagedJob's path.
  *
  * Owns: nothing beyond its slot.  May call: what a StagedJob calls (staged_type.h, staged.h, the signal
- * set).  Must never: touch CUDA (the machines that run it have none), or be called without the GIL.
+ * set, signal.c's signal_start_now).  Must never: touch CUDA (the machines that run it have none), or be called without the GIL.
  */
 #include "test_slot.h"
 #include "pool_type.h"
