@@ -17,7 +17,7 @@ from engram_client import IntegrationError
 from engram_client.integrations.engine_fence import ENGINES, check_live, engine_fences
 from engram_client.integrations.fence_sources import check_sources
 from engram_client.integrations.sglang.fences import FENCES
-from engram_client.integrations.sglang.rank_client import column_split
+from engram_client.integrations.sglang.column_split import column_split
 from sglang_ranks import STANDIN
 
 

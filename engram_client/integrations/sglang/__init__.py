@@ -6,7 +6,7 @@ set, must name ``engramd``).  It does nothing unless ``ENGRAMD_SGLANG=1`` (setti
 it checks the SGLang release and every item of its fence (fences.py) and registers REPLACE
 hooks on ``sglang.srt.layers.engram.EngramEmbedding`` (patches.py): each TP rank attaches to
 engramd for its hash columns' rows instead of building a table (embedding.py,
-rank_client.py), looks rows up on engramd's host path (lookups.py), and checks the
+column_split.py), looks rows up on engramd's host path (lookups.py), and checks the
 checkpoint's Engram tensors against the served table instead of copying them (loading.py).
 SGLang's lookup paths, collectives, hashing and gating stay SGLang's.
 

@@ -5,7 +5,7 @@ them: in HBM, in a host table (``_HostTable``: a memfd shared by the TP group, o
 mapping per rank), or as peer shards.  The replacement keeps the first half and sets every
 attribute SGLang's ``forward`` reads, so its lookup paths (plain, DP-gathered, prefill CP) and
 their TP all-reduce stay SGLang's; instead of allocating, the rank attaches to engramd for its
-hash columns (rank_client.py) and picks the served layer (``serve_layer``).  ``weight`` and
+hash columns (column_split.py) and picks the served layer (``serve_layer``).  ``weight`` and
 ``scale`` are meta parameters of SGLang's shapes and dtypes: they hold no memory and no copy can
 reach the daemon's read-only table; their ``weight_loader`` checks instead (loading.py).
 
@@ -25,7 +25,7 @@ from engram_client.integrations.rank.gathered import raise_gathered
 from engram_client.integrations.rank.served_layer import ServedLayer, heads_in_words
 
 from .fences import ENGRAM_MODULE
-from .rank_client import column_split, rank_client
+from .column_split import column_split, rank_client
 from .settings import SWITCH_OFF, explain_knobs
 
 

@@ -9,7 +9,7 @@ mismatch, and patches
 
 - ``DPSharedEngramStorage`` becomes ``EngramdStorage`` (storage.py): instead of rank 0 writing a
   /dev/shm file, every rank attaches to engramd registering only its TP heads' rows
-  (rank_client.py, building.py), and the weight loader checks the checkpoint's tensors against the served
+  (head_split.py, building.py), and the weight loader checks the checkpoint's tensors against the served
   table instead of copying them (integrations/rank/weights.py, shared with the SGLang plugin);
 - ``ParallelEngramEmbedding.__init__`` refuses what engramd cannot serve (embedding.py);
 - vLLM's room check for a table of its own (``check_shm_free_space`` in 0.33.0,

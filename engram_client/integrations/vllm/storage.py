@@ -5,8 +5,8 @@ register it, and rank 0 copy the checkpoint's rows into it through ``load_weight
 first tries a host-NUMA cuMem table shared by FABRIC handle.  This class replaces both: it
 takes the same arguments from the same call and keeps the same three methods, but:
 
-- construction attaches this rank to engramd (once per process, rank_client.py) and picks the
-  served layer and rows (served_layer.py); no file is created, nothing is allocated;
+- construction attaches this rank to engramd (once per process, head_split.py) and picks the
+  served layer and rows (layer_match.py); no file is created, nothing is allocated;
 - ``weight`` and ``weight_scale_inv`` are meta tensors of vLLM's shapes: the parameters vLLM
   builds on them hold no memory and no write can reach the daemon's read-only table;
 - ``load_weight`` checks the checkpoint's tensor against the served table (weights.py) and
@@ -27,7 +27,7 @@ from engram_client.integrations.rank.served_layer import ServedLayer
 from engram_client.integrations.rank.weights import check_loaded_weight
 
 from .building import under_construction
-from .served_layer import serve_layer
+from .layer_match import serve_layer
 
 
 class EngramdStorage:

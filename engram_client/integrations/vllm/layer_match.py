@@ -13,7 +13,7 @@ from engram_client.core.layout import QUANT_BLOCK
 from engram_client.integrations.rank.served_layer import ServedLayer, heads_in_words
 
 from .building import Building
-from .rank_client import rank_client
+from .head_split import rank_client
 
 
 def vllm_model() -> str:
