@@ -45,22 +45,28 @@ static int staged_init(StagedJobObject *self, PyObject *args, PyObject *kwargs) 
         return -1;
     }
     for (int c = 0; c < MAX_CHUNKS; c++) state->steps[c] = (Step){state, c};
-    state->job.pool = pool->pool;
-    if (signalled) {
-        uint32_t *word = (uint32_t *)(state->ids_buf + ids_bytes(capacity));
-        *word = SIGNAL_IDLE;
-        state->signalled = 1;
-        state->signal.word = word;
+    state->signalled = signalled;
+    return staged_adopt(self, pool->pool, state);
+}
+
+/* Give `state` (its buffers allocated) to `self` on `pool`: a signalled one gets its word, after the
+ * ids, and joins the pool's signals; the pool is held until the slot goes.  -1 (state freed) if the
+ * signal set cannot grow. */
+int staged_adopt(StagedJobObject *self, Pool *pool, StagedState *state) {
+    state->job.pool = pool;
+    if (state->signalled) {
+        state->signal.word = (uint32_t *)(state->ids_buf + ids_bytes(state->capacity));
+        *state->signal.word = SIGNAL_IDLE;
         state->signal.job = &state->job;
-        state->signal.in_flight = graph ? NULL : &state->in_flight;
+        state->signal.in_flight = state->graph ? NULL : &state->in_flight;
         state->job.signal = &state->signal;
-        if (signal_register(pool->pool, &state->signal)) {
+        if (signal_register(pool, &state->signal)) {
             staged_free(state);
             PyErr_NoMemory();
             return -1;
         }
     }
-    atomic_fetch_add(&pool->pool->refs, 1);
+    atomic_fetch_add(&pool->refs, 1);
     self->state = state;
     return 0;
 }

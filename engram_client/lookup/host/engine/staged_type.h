@@ -11,6 +11,7 @@ typedef struct {
 
 extern PyTypeObject StagedJobType;
 
+int staged_adopt(StagedJobObject *self, Pool *pool, StagedState *state);  /* signal word, registration, pool held */
 void staged_dealloc(StagedJobObject *self);  /* a graph's or a running slot is leaked */
 PyObject *staged_disarm(StagedJobObject *self, PyObject *unused);
 

@@ -54,20 +54,7 @@ static int test_slot_init(SignalTestSlotObject *self, PyObject *args, PyObject *
         PyErr_NoMemory();
         return -1;
     }
-    state->signal.word = (uint32_t *)(state->ids_buf + ids_bytes(capacity));
-    *state->signal.word = SIGNAL_IDLE;
-    state->signal.job = &state->job;
-    state->signal.in_flight = graph ? NULL : &state->in_flight;
-    state->job.signal = &state->signal;
-    state->job.pool = pool->pool;
-    if (signal_register(pool->pool, &state->signal)) {
-        staged_free(state);
-        PyErr_NoMemory();
-        return -1;
-    }
-    atomic_fetch_add(&pool->pool->refs, 1);
-    self->state = state;
-    return 0;
+    return staged_adopt((StagedJobObject *)self, pool->pool, state);
 }
 
 static void test_slot_dealloc(SignalTestSlotObject *self) {
