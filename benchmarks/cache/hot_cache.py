@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.common import write_json
+from benchmarks.common import serving, write_json
 
 SPLIT = 0.7
 
@@ -119,12 +119,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from engram_client import EngramClient
-    from engram_client.tools.bench import start_daemon
     from engram_client.tools.bench_text import DECODE_SEQUENCES, TextWorkload, code_text
 
-    proc, endpoint, _ = start_daemon(args.table_gib, 16) if args.endpoint is None else (None, args.endpoint, None)
     results = {"table_gib": args.table_gib, "cache_percent": args.cache_percent, "modes": {}}
-    try:
+    with serving(args.endpoint, args.table_gib, load_threads=16) as endpoint:
         with EngramClient(endpoint=endpoint, device="cuda:0", timeout=600) as probe:
             layouts = [probe.table(layer).layout for layer in probe.layers]
             layer = args.layer if args.layer is not None else probe.layers[0]
@@ -173,10 +171,6 @@ def main() -> None:
                 got["time_ratio"] = got["median_ms"] / base[kind]["median_ms"]
         write_json(args.json, results)
         print(results)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=60)
 
 
 if __name__ == "__main__":

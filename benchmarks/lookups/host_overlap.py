@@ -23,11 +23,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from benchmarks.common import timed as timed_host, write_json
+from benchmarks.common import serving, timed as timed_host, write_json
 from engram_client import EngramClient
 from engram_client.lookup.host import _host_gather
 from engram_client.lookup.host.dequant_kernel import StagedDequant
-from engram_client.tools.bench import naive_lookup, start_daemon
+from engram_client.tools.bench import naive_lookup
 from engram_client.tools.bench_ids import IdSampler
 from engram_client.tools.bench_timing import measure_overlap, timed
 
@@ -160,11 +160,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="matmul-loop steps (engramd bench: 10)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    proc, endpoint = None, args.endpoint
-    if endpoint is None:
-        proc, endpoint, _ = start_daemon(args.table_gib, 8)
     results = {"table_gib": args.table_gib, "runs": []}
-    try:
+    with serving(args.endpoint, args.table_gib, load_threads=8) as endpoint:
         for index, threads in enumerate(int(t) for t in args.threads.split(",")):
             client = EngramClient(endpoint=endpoint, device=torch.device("cuda", 0), timeout=600,
                                   gather_threads=threads)
@@ -182,10 +179,6 @@ def main() -> None:
             results["runs"].append(run)
             client.close()
             write_json(args.json, results)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=120)
 
 
 if __name__ == "__main__":
