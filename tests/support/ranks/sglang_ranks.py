@@ -12,6 +12,7 @@ import sys
 import time
 
 from waiting import free_port  # noqa: F401 (the test imports it from here)
+from rank_exit import finish  # noqa: F401 (the tests import it from here)
 
 STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sglang_standin")
 RANK_PROGRAM = os.path.join(STANDIN, "replay_rank.py")
@@ -65,19 +66,3 @@ def outcome(process: subprocess.Popen, path: str, scenario: str, timeout: float)
         if time.monotonic() > deadline:
             raise AssertionError(f"no outcome of {scenario} in {path} within {timeout:.0f} s")
         time.sleep(0.05)
-
-
-def finish(processes: list[subprocess.Popen], timeout: float = 60.0) -> list[str]:
-    """Each rank's output once it exited (killed after ``timeout``); asserts every one exited 0."""
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=timeout)[0])
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
-    failed = [(i, p.returncode, out) for i, (p, out) in enumerate(zip(processes, outputs)) if p.returncode != 0]
-    assert not failed, "\n".join(f"rank {i} exited {code}:\n{out}" for i, code, out in failed)
-    return outputs

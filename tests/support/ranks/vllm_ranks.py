@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from waiting import free_port, wait_for
+from rank_exit import finish
 
 SUPPORT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/support: the helpers, the stand-in
 STANDIN = os.path.join(SUPPORT, "vllm_standin")
@@ -53,18 +54,7 @@ def start_ranks(out_dir: str, endpoint: str, checkpoints: dict[str, str], scenar
 
 def collect_ranks(out_dir: str, ranks: list[subprocess.Popen], timeout: float = 180.0) -> list[dict]:
     """Each rank's outcomes, once every rank exited 0 (killed, with its output shown, if not within ``timeout``)."""
-    outputs = []
-    try:
-        for process in ranks:
-            outputs.append(process.communicate(timeout=timeout)[0])
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
-    failed = [(rank, process.returncode, output) for rank, (process, output) in enumerate(zip(ranks, outputs))
-              if process.returncode != 0]
-    assert not failed, "\n".join(f"rank {rank} exited {code}:\n{output}" for rank, code, output in failed)
+    finish(ranks, timeout)
     results = []
     for rank in range(len(ranks)):
         with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
