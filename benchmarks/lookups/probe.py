@@ -7,8 +7,8 @@ For each pool size (``default``: what the node's budget gives a rank), a client 
 looks up ``--rows`` fresh uniform ids on the GPU, one call every ``--gap-ms`` (a decode step's
 time), eager: an event before prefetch(), one after wait().  Around every call it reads its slot's
 budget counters (time its threads waited for tokens, tokens taken, blocks of prefill gathered while
-a decode-size job waited) and how long its gather threads ran and sat runnable, waiting for a CPU
-(schedstat).  With ``--busy-neighbours N`` the same again while N processes loop 393,216-id CPU
+a decode-size job waited), how long its gather threads ran and sat runnable, waiting for a CPU
+(schedstat), and how many of them its listings left asleep for want of a token (the pool's wake counts).  With ``--busy-neighbours N`` the same again while N processes loop 393,216-id CPU
 gathers on the table (benchmarks/busy_neighbours.py), once per scheduling policy of theirs.  The first 5 calls of each
 series are warm-up.  docs/history/benchmarks-2026-12.md, "Engine level with busy neighbours: where the time goes".
 """
@@ -37,24 +37,27 @@ COUNTERS = ("wait_s", "acquired", "yields", "small_waits", "rows")
 
 def probe(client, rows: int, calls: int, gap_s: float) -> dict:
     table = client.table(client.layers[0])
-    budget = client._state.seat.budget
+    budget, pool = client._state.seat.budget, client._state.seat.pool
     times, deltas = [], []
     for _ in range(WARM + calls):
         ids = torch.randint(0, table.num_rows, (rows,), device=client.device)
         before = budget.stats() if budget is not None else {}
-        sched_before, caller_before = thread_sched_ns(), caller_sched_ns()
+        sched_before, caller_before, wakes_before = thread_sched_ns(), caller_sched_ns(), pool.wake_counts
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         table.prefetch(ids).wait()
         end.record()
         end.synchronize()
         after = budget.stats() if budget is not None else {}
-        sched_after, caller_after = thread_sched_ns(), caller_sched_ns()
+        sched_after, caller_after, wakes_after = thread_sched_ns(), caller_sched_ns(), pool.wake_counts
         times.append(start.elapsed_time(end))
         deltas.append({k: after[k] - before[k] for k in COUNTERS if k in after} |
                       {"workers_ran_ms": (sched_after[0] - sched_before[0]) * 1e-6,
                        "workers_queued_ms": (sched_after[1] - sched_before[1]) * 1e-6,
-                       "caller_queued_ms": (caller_after - caller_before) * 1e-6})
+                       "caller_queued_ms": (caller_after - caller_before) * 1e-6,
+                       # workers a listing left asleep (no token for them) and pre-wakes that woke none
+                       "workers_left_asleep": wakes_after[1] - wakes_before[1],
+                       "prewakes_skipped": wakes_after[2] - wakes_before[2]})
         time.sleep(gap_s)
     times, deltas = times[WARM:], deltas[WARM:]
     result = {"median_ms": statistics.median(times), "p90_ms": p90(times),

@@ -202,7 +202,29 @@ static int crew_takes(Pool *pool, const Job *job) {
            ((b->flags & NB_FLAG_PREFILL_IDLE) || (pool->crew_split && b->decode > 0));
 }
 
+/* How many sleeping workers a decode-size job being listed wakes (pool lock held): while other
+ * slots of the group want tokens, as many as there are tokens free, else all.  A worker woken for
+ * no token registers, sleeps on its slot's futex and is woken again when the job's last block goes
+ * out; beside three prefilling ranks, a rank's fifteen woken workers stood runnable on the few idle
+ * decode CPUs behind the three or four that held tokens (5-22 ms summed in a lone 6,144-row call's
+ * slowest cases: docs/history/benchmarks-2026-12.md, "The busy node: four decode CPUs, and decode
+ * workers on them").  A prefill-size job wakes all (they wait for tokens as they free up, for the
+ * node's rate), and so does any job where nobody else wants a token (a rank alone is as before).
+ * A pre-wake (job NULL) is answered only on a token nobody else wants: with others wanting it
+ * wakes nobody, where it used to wake every worker to find none. */
+static int workers_to_wake(Pool *pool, const Job *job) {
+    NodeBudget *b = atomic_load(&pool->budget);
+    if (b == NULL || !nb_usable(b)) return INT_MAX;
+    uint64_t others = atomic_load(&b->g->want_mask) & ~b->bit;
+    if (b->slots < 64) others &= (1ULL << b->slots) - 1;
+    if (!others) return INT_MAX;
+    if (job == NULL) return 0;
+    if (job->n > b->small_rows) return INT_MAX;
+    int free = b->tokens - nb_held_total(b);
+    return free > 1 ? free : 1;  /* one at least: it waits for a token, and the job's own thread may help */
+}
+
 const PoolBudgetOps pool_budget_ops = {
     .worker_main = budget_worker_main, .wait_chunk = budget_wait_chunk, .crew_takes = crew_takes,
-    .unref = nb_unref,
+    .workers_to_wake = workers_to_wake, .unref = nb_unref,
 };

@@ -118,11 +118,24 @@ void *worker_main(void *arg) {
     }
 }
 
+/* Wake the sleeping workers for a job being listed on their list (or, job NULL, for a pre-wake): all
+ * of them, or on a budget as many as it says could gather now (budget_pool.c says why). */
+void pool_wake_workers(Pool *pool, const Job *job) {
+    JobList *list = &pool->lists[WORKERS];
+    if (!list->sleepers) return;
+    int n = pool->budget_ops ? pool->budget_ops->workers_to_wake(pool, job) : INT_MAX;
+    if (n < list->sleepers) {
+        atomic_fetch_add(job ? &pool->wakes_in_part : &pool->prewakes_skipped, 1);
+        atomic_fetch_add(&pool->left_asleep, list->sleepers - n);
+    }
+    list_wake_some(list, n);
+}
+
 /* A job is about to be enqueued: have the workers awake and polling when its host function runs. */
 void pool_prewake(Pool *pool) {
     atomic_store(&pool->spin_until, now_ns() + PREWAKE_NS);
     pthread_mutex_lock(&pool->lock);
-    list_wake(&pool->lists[WORKERS]);
+    pool_wake_workers(pool, NULL);
     pthread_mutex_unlock(&pool->lock);
 }
 
@@ -153,7 +166,8 @@ int job_start(Job *job) {
     *link = job;
     job->listed = 1;
     atomic_fetch_add(&list->listed, 1);
-    list_wake(list);
+    if (crew) list_wake(list);
+    else pool_wake_workers(pool, job);
     pthread_mutex_unlock(&pool->lock);
     return 1;
 }

@@ -17,6 +17,8 @@ typedef struct {
     void *(*worker_main)(Pool *pool, int crew);      /* a worker's loop (crew 1, 2: the crew's, its spares') */
     void (*wait_chunk)(Job *job, int64_t chunk);     /* the waiting thread's part, on tokens */
     int (*crew_takes)(Pool *pool, const Job *job);   /* whether a job being listed goes to the crew (lock held) */
+    int (*workers_to_wake)(Pool *pool, const Job *job);  /* sleeping workers a job being listed, or (NULL) a
+                                                            pre-wake, should wake (lock held) */
     void (*unref)(struct NodeBudget *budget);        /* the pool lets go of a budget */
 } PoolBudgetOps;
 
@@ -44,6 +46,12 @@ static inline void list_wake(JobList *list) {  /* pool lock held */
     if (list->sleepers) pthread_cond_broadcast(&list->wake);
 }
 
+static inline void list_wake_some(JobList *list, int n) {  /* pool lock held: n of its sleepers, or all */
+    if (n >= list->sleepers) list_wake(list);
+    else
+        for (int i = 0; i < n; i++) pthread_cond_signal(&list->wake);
+}
+
 struct Pool {
     pthread_mutex_t lock;
     JobList lists[2];
@@ -62,6 +70,7 @@ struct Pool {
     pid_t pid;
     atomic_int refs;               /* the Python object and every StagedJob */
     atomic_llong jobs_run;
+    atomic_llong wakes_in_part, left_asleep, prewakes_skipped;  /* what pool_wake_workers held back (wake_counts) */
     RowCounts counts;              /* what its jobs' rows came to (gather_block) */
     pthread_t *threads;
     SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */
@@ -88,6 +97,7 @@ void *worker_main(void *arg);
 void pool_stop(Pool *pool);        /* stop and join the workers and the crew; hand the signals on */
 void pool_unref(Pool *pool);
 void pool_prewake(Pool *pool);
+void pool_wake_workers(Pool *pool, const Job *job);  /* lock held: as many as the budget says (all without one) */
 int pool_usable(const Pool *pool);
 void crew_join(Pool *pool);        /* call the crew off and join it (crew.c starts it) */
 void pause_briefly(int *spins);

@@ -175,6 +175,11 @@ static PyObject *pool_close(PoolObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *pool_prewake_now(PoolObject *self, PyObject *unused) {  /* tests only */
+    if (self->pool && pool_usable(self->pool)) pool_prewake(self->pool);
+    Py_RETURN_NONE;
+}
+
 static PyObject *pool_gather(PoolObject *self, PyObject *args) {
     unsigned long long table, ids, out, counter;
     long long row_lo, row_hi, row_bytes, n;
@@ -219,6 +224,13 @@ static PyObject *pool_get_jobs_run(PoolObject *self, void *unused) {
     return PyLong_FromLongLong(self->pool ? atomic_load(&self->pool->jobs_run) : 0);
 }
 
+static PyObject *pool_get_wake_counts(PoolObject *self, void *unused) {
+    Pool *pool = self->pool;
+    return Py_BuildValue("(LLL)", pool ? (long long)atomic_load(&pool->wakes_in_part) : 0LL,
+                         pool ? (long long)atomic_load(&pool->left_asleep) : 0LL,
+                         pool ? (long long)atomic_load(&pool->prewakes_skipped) : 0LL);
+}
+
 static PyObject *pool_get_cache_counts(PoolObject *self, void *unused) {
     Pool *pool = self->pool;
     return Py_BuildValue("(LLL)", pool ? (long long)atomic_load(&pool->counts.cache_hits) : 0LL,
@@ -231,6 +243,8 @@ static PyMethodDef pool_methods[] = {
      "gather(table, row_lo, row_hi, row_bytes, ids, ids64, n, out, counter) -> ids out of range.\n"
      "Addresses are ints; counter is the address of an int64 to add the bad count to, or 0."},
     {"close", (PyCFunction)pool_close, METH_NOARGS, "Stop and join the workers (idempotent)."},
+    {"prewake", (PyCFunction)pool_prewake_now, METH_NOARGS,
+     "Tests only: what an eager enqueue does before its host function runs (wake the workers to poll)."},
     {"set_budget", (PyCFunction)pool_set_budget, METH_O,
      "set_budget(budget) -> whether the pool now draws on it (a pool started on a budget only)."},
     {NULL}};
@@ -239,6 +253,9 @@ static PyGetSetDef pool_getset[] = {
     {"threads", (getter)pool_get_threads, NULL, "threads that gather, the caller's included", NULL},
     {"closed", (getter)pool_get_closed, NULL, "whether the workers are gone (closed, or a forked child)", NULL},
     {"jobs_run", (getter)pool_get_jobs_run, NULL, "jobs finished so far", NULL},
+    {"wake_counts", (getter)pool_get_wake_counts, NULL,
+     "(listings, left asleep, pre-wakes): decode-size jobs listed that woke only some sleeping workers, the workers "
+     "they left asleep, and pre-wakes that woke nobody (on a budget others want tokens of)", NULL},
     {"cache_counts", (getter)pool_get_cache_counts, NULL,
      "(hits, misses, fetched): ids the HBM cache served and missed; rows read from the table", NULL},
     {"caller_gathers", (getter)pool_get_caller_gathers, NULL,

@@ -164,7 +164,7 @@ static int set_watch(Pool *pool) {
                 if (woken_for != expect) {
                     atomic_store(&pool->spin_until, expect + lead);
                     pthread_mutex_lock(&pool->lock);
-                    list_wake(&pool->lists[WORKERS]);
+                    pool_wake_workers(pool, NULL);  /* a pre-wake: on a busy budget, maybe nobody */
                     pthread_mutex_unlock(&pool->lock);
                     woken_for = expect;
                 }

@@ -1,0 +1,108 @@
+"""A decode-size job wakes only as many of its pool's sleeping workers as there are tokens free
+while another rank wants tokens, and a pre-wake then wakes none.
+
+Beside prefilling ranks, every worker a decode-size job woke without a token to gather on
+registered, slept on its slot's futex and woke again when the job's last block went out: on the
+H200 machine fifteen of them stood runnable on the few idle decode CPUs behind the three or four
+that held tokens (docs/history/benchmarks-2026-12.md).  Here a real peer process on the same
+sealed memfd budget keeps a pool of more workers than its tokens busy with prefill-size gathers
+(so it holds the tokens a prefill may take and wants more), and this process gathers decode-size
+jobs beside it: the pool's wake counts say how many sleeping workers each listing left asleep.
+Every row is checked; alone, nothing is held back.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from engram_client.core import budget_file
+from engram_client.lookup.host import _host_gather
+from test_host_gather import gather
+from waiting import wait_for
+
+TOKENS, DECODE, WORKERS, ROWS, ROW_BYTES, DECODE_ROWS = 3, 1, 6, 1 << 16, 264, 2048
+
+# The peer: a rank of its own (another process, another slot) gathering 65,536-row jobs with ten
+# workers on the same budget until its stdin closes: more than the TOKENS - DECODE it may hold, so
+# it wants tokens most of the time.
+PEER = """
+import os, sys
+import numpy as np
+from engram_client.lookup.host import _host_gather
+own = os.open(f"/proc/self/fd/{sys.argv[1]}", os.O_RDWR)  # its own open file description, as a rank's
+budget = _host_gather.NodeBudget(own, 0, int(sys.argv[2]), int(sys.argv[3]))
+os.close(own)
+pool = _host_gather.GatherPool(10, caller_gathers=True, budget=budget)
+table = np.random.default_rng(1).integers(0, 256, (1 << 16, 264), dtype=np.uint8)
+out = np.empty((65536, 264), dtype=np.uint8)
+counter = np.zeros(1, dtype=np.int64)
+print(budget.slot, flush=True)
+import select
+while not select.select([sys.stdin], [], [], 0)[0]:
+    ids = np.random.default_rng().integers(0, 1 << 16, 65536)
+    assert pool.gather(table.ctypes.data, 0, 1 << 16, 264, ids.ctypes.data, True, ids.size, out.ctypes.data,
+                       counter.ctypes.data) == 0
+pool.close()
+"""
+
+
+def decode_jobs(fd: int, calls: int, peer: bool) -> tuple[int, int, int]:
+    """This process's wake counts after ``calls`` decode-size gathers (with the peer: until a
+    listing held workers back, at most 60 s of them), every row checked."""
+    own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # each rank's own open file description (its locks)
+    try:
+        budget = _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
+    finally:
+        os.close(own)
+    pool = _host_gather.GatherPool(WORKERS, caller_gathers=True, budget=budget)
+    proc = None
+    try:
+        if peer:
+            proc = subprocess.Popen([sys.executable, "-c", PEER, str(fd), str(TOKENS), str(budget_file.MAX_SLOTS)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
+            peer_slot = int(proc.stdout.readline())
+        table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+        rng = np.random.default_rng(2)
+
+        def decode_calls() -> bool:
+            for _ in range(calls):
+                pool.prewake()  # as an eager enqueue does before its host function
+                ids = rng.integers(0, ROWS, DECODE_ROWS).astype(np.int64)
+                out, bad, _ = gather(pool, table, ids, row_hi=ROWS, row_bytes=ROW_BYTES)
+                assert bad == 0
+                np.testing.assert_array_equal(out, table[ids])
+            return pool.wake_counts[0] > 0
+        if peer:
+            wait_for(decode_calls, "a decode-size listing that left workers asleep beside the prefilling peer", 60)
+            assert peer_slot != budget.slot  # two ranks (a slot is claimed at the first token)
+        else:
+            decode_calls()
+        return pool.wake_counts
+    finally:
+        pool.close()
+        if proc is not None:
+            proc.stdin.close()
+            assert proc.wait(timeout=60) == 0
+
+
+def test_beside_a_prefilling_peer_a_decode_job_leaves_the_workers_without_a_token_asleep():
+    fd = budget_file.create([TOKENS], decode=[DECODE])
+    try:
+        listings, left, prewakes = decode_jobs(fd, 20, peer=True)
+    finally:
+        os.close(fd)
+    # While the peer wanted tokens, at most DECODE (+ one it had not taken yet) were free at a
+    # listing, of up to WORKERS - 1 sleeping: each such listing left at least one asleep.
+    assert listings > 0 and left >= listings, (listings, left)
+    assert prewakes > 0  # a pre-wake while the peer wanted tokens woke nobody: none would get one
+
+
+def test_alone_every_sleeping_worker_is_woken_as_before():
+    fd = budget_file.create([TOKENS], decode=[DECODE])
+    try:
+        assert decode_jobs(fd, 50, peer=False) == (0, 0, 0)
+    finally:
+        os.close(fd)
