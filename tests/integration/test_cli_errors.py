@@ -18,7 +18,8 @@ from tmpfs_mount import mounted_tmpfs
 PROCESS_TIMEOUT_S = 60
 AS_NOBODY = textwrap.dedent("""
     import os, sys
-    import engramd.cli.main, engramd.daemon.remote_status, engramd.synth.writer, engramd.loading.checkpoint  # noqa: F401
+    # Not engramd.synth.writer: no command here is synth, the one that needs torch (seconds of import).
+    import engramd.cli.main, engramd.daemon.remote_status, engramd.loading.checkpoint  # noqa: F401
     import engramd.daemon.server, engramd.shm.fs_check  # noqa: F401
     os.setgid(65534); os.setuid(65534)  # after the imports: the interpreter's files may be root's
     engramd.cli.main.main(sys.argv[1:], prog_name="engramd")

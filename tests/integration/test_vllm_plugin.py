@@ -5,10 +5,13 @@ in tests/support/vllm_standin (its docstring says what it replays of each releas
 processes are one engine's TP 2 x DP 2, joined by a real torch.distributed gloo group, looking
 rows up on device="cpu" (the GPU twin is tests/gpu/test_vllm_plugin_gpu.py).  While they run,
 the daemon is killed and another started on the same socket; then the engine's ranks are
-started again and re-attach.  The ranks run once per release for the module; each test reads
-what they saw.  The ranks run where the host's available memory is smaller than the table
-(STANDIN_AVAILABLE_MEMORY), as where engramd's table already fills tmpfs: vLLM 0.34.0's own
-check would turn the DP-shared tables off there.
+started again and re-attach.  Both releases' ranks run against one daemon serving one set of
+checkpoints, once each for the module; each test reads what they saw.  The daemon restart and the
+ranks started again run for the newest release only: re-attaching is the client's heartbeat and
+attach, which no release's call sequence reaches (the releases differ in the room check, the
+host-NUMA table and the dummy run, all in every release's run).  The ranks run where the host's
+available memory is smaller than the table (STANDIN_AVAILABLE_MEMORY), as where engramd's table
+already fills tmpfs: vLLM 0.34.0's own check would turn the DP-shared tables off there.
 """
 from __future__ import annotations
 
@@ -24,16 +27,16 @@ import pytest
 from conftest import DaemonProcess
 from vllm_ranks import STANDIN, collect_ranks, restart_daemon_under, run_ranks, start_ranks, write_checkpoints
 
-SCENARIOS = ["unreachable", "private_table", "other_layout", "serve", "dead_ids", "views", "other_weights",
-             "daemon_restart"]
+SCENARIOS = ["unreachable", "private_table", "other_layout", "serve", "dead_ids", "views", "other_weights"]
+VERSIONS = ["0.33.0", "0.34.0"]
+RESTARTED = VERSIONS[-1]  # the release whose ranks also live through a daemon restart and start again
 TP, DP = 2, 2
 TIGHT_MEMORY = {"STANDIN_AVAILABLE_MEMORY": str(64 << 10)}  # bytes: far less than the table
 
 
-@pytest.fixture(scope="module", params=["0.33.0", "0.34.0"])
-def engine(request, tmp_path_factory):
-    """The daemon, the checkpoints, and the four ranks' outcomes (rank order: DP-major), per vLLM release."""
-    version = request.param
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    """The daemon, the checkpoints, and per vLLM release the four ranks' outcomes (rank order: DP-major)."""
     root = tmp_path_factory.mktemp("vllm")
     checkpoints = write_checkpoints(str(root))
     socket_dir = tempfile.mkdtemp(prefix="engt-")
@@ -42,21 +45,45 @@ def engine(request, tmp_path_factory):
     daemon = DaemonProcess(socket_dir, shm_dir, *args).start()
     try:
         before = daemon.wait_state("ready")
-        tables = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
-        shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-        ranks = start_ranks(socket_dir, daemon.endpoint, checkpoints, SCENARIOS, TP, DP, "cpu", version, TIGHT_MEMORY)
-        daemon, after = restart_daemon_under(ranks, socket_dir, daemon, *args)
-        outcomes = collect_ranks(socket_dir, ranks)
-        restarted = run_ranks(socket_dir, daemon.endpoint, checkpoints, ["serve"], TP, DP, "cpu", version, TIGHT_MEMORY)
-        shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-        tables_after = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
-        yield {"version": version, "ranks": outcomes, "restarted": restarted, "checkpoints": checkpoints,
-               "daemon": daemon, "status": daemon.status(), "boot_ids": (before["boot_id"], after["boot_id"]),
-               "new_shm_files": shm_after - shm_before, "tables": (tables, tables_after)}
+        runs = {}
+        for version in VERSIONS:  # the newest last: its daemon restart ends the first daemon
+            out_dir = os.path.join(socket_dir, version)  # each release's rank files, held-N and go apart
+            os.mkdir(out_dir)
+            tables = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
+            shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+            run = {"version": version, "checkpoints": checkpoints, "status": daemon.status()}
+            if version == RESTARTED:
+                ranks = start_ranks(out_dir, daemon.endpoint, checkpoints, SCENARIOS + ["daemon_restart"], TP, DP,
+                                    "cpu", version, TIGHT_MEMORY)
+                daemon, after = restart_daemon_under(ranks, out_dir, daemon, *args)
+                run["ranks"] = collect_ranks(out_dir, ranks)
+                run["restarted"] = run_ranks(out_dir, daemon.endpoint, checkpoints, ["serve"], TP, DP, "cpu", version,
+                                             TIGHT_MEMORY)
+                run.update(boot_ids=(before["boot_id"], after["boot_id"]), status=daemon.status())
+            else:
+                run["ranks"] = run_ranks(out_dir, daemon.endpoint, checkpoints, SCENARIOS, TP, DP, "cpu", version,
+                                         TIGHT_MEMORY)
+            shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+            tables_after = {name: os.stat(os.path.join(shm_dir, name)) for name in daemon.table_files()}
+            run.update(new_shm_files=shm_after - shm_before, tables=(tables, tables_after))
+            runs[version] = run
+        yield runs
     finally:
         daemon.stop()
         shutil.rmtree(socket_dir, ignore_errors=True)
         shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+@pytest.fixture(params=VERSIONS)
+def engine(request, releases):
+    """One release's run."""
+    return releases[request.param]
+
+
+@pytest.fixture
+def restarted(releases):
+    """The run of the release whose ranks lived through a daemon restart and were started again."""
+    return releases[RESTARTED]
 
 
 def test_every_rank_gets_the_checkpoints_rows_bit_exact_on_every_head(engine):
@@ -109,21 +136,21 @@ def test_dead_ids_give_zero_rows_and_other_ids_outside_the_rows_are_still_refuse
         assert dead["after_error"]["exact"], rank
 
 
-def test_ranks_keep_serving_through_a_daemon_restart_and_re_attach(engine):
-    first, second = engine["boot_ids"]
+def test_ranks_keep_serving_through_a_daemon_restart_and_re_attach(restarted):
+    first, second = restarted["boot_ids"]
     assert first != second
-    for rank, outcome in enumerate(engine["ranks"]):
+    for rank, outcome in enumerate(restarted["ranks"]):
         restart = outcome["daemon_restart"]
         assert restart["boot_ids"] == [first, second], rank
         assert restart["exact"] and not restart["refresh_pending"], (rank, restart["mismatches"])
 
 
-def test_restarted_ranks_re_attach_and_get_the_rows_again(engine):
-    old = {outcome["serve"]["pid"] for outcome in engine["ranks"]}
-    for rank, outcome in enumerate(engine["restarted"]):
+def test_restarted_ranks_re_attach_and_get_the_rows_again(restarted):
+    old = {outcome["serve"]["pid"] for outcome in restarted["ranks"]}
+    for rank, outcome in enumerate(restarted["restarted"]):
         serve = outcome["serve"]
         assert serve["pid"] not in old and serve["exact"], (rank, serve["mismatches"])
-        assert serve["registered"] == engine["ranks"][rank]["serve"]["registered"]
+        assert serve["registered"] == restarted["ranks"][rank]["serve"]["registered"]
 
 
 def test_each_tp_rank_registers_only_the_rows_of_its_heads(engine):

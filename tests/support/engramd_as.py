@@ -19,7 +19,9 @@ _AS_USER = textwrap.dedent("""
     import engramd, engram_client.core
     for package in (engramd, engram_client.core):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            if not info.name.endswith("__main__"):  # importing __main__ would run the command line
+            # __main__ would run the command line; synth.writer is the synth command's, the one that
+            # needs torch (seconds of import a process), and no command run here is synth.
+            if not info.name.endswith("__main__") and info.name != "engramd.synth.writer":
                 importlib.import_module(info.name)
     import engram_client.attach.connection, engram_client.attach.readiness  # noqa: F401
     uid, gid = int(sys.argv[1]), int(sys.argv[2])
