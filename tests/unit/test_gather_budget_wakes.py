@@ -12,7 +12,9 @@ Every row is checked; alone, nothing is held back.
 """
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import subprocess
 import sys
 
@@ -24,6 +26,9 @@ from test_host_gather import gather
 from waiting import wait_for
 
 TOKENS, DECODE, WORKERS, ROWS, ROW_BYTES, DECODE_ROWS = 3, 1, 6, 1 << 16, 264, 2048
+WANT_MASK_AT = budget_file.GROUPS_AT + 3 * 8  # NbGroup: lock, lock_count, breaks, want_mask, small_mask, holding_mask
+HOLDING_MASK_AT = WANT_MASK_AT + 2 * 8
+HELD_IN_SLOT = 16  # NbSlot: seq, sleepers, want, want_small, held
 
 # The peer: a rank of its own (another process, another slot) gathering 65,536-row jobs with ten
 # workers on the same budget until its stdin closes: more than the TOKENS - DECODE it may hold, so
@@ -104,5 +109,43 @@ def test_alone_every_sleeping_worker_is_woken_as_before():
     fd = budget_file.create([TOKENS], decode=[DECODE])
     try:
         assert decode_jobs(fd, 50, peer=False) == (0, 0, 0)
+    finally:
+        os.close(fd)
+
+
+def test_a_peer_forging_wants_and_held_tokens_costs_a_decode_job_woken_workers_not_rows():
+    """Hints are all a peer can forge: here every other slot says it wants tokens and one says it
+    holds them all.  A decode-size job then wakes one sleeping worker (free tokens read as none;
+    the rule never wakes none, which a stream-signalled job with no waiting thread needs), and
+    with its own thread it still finishes, every row exact, on the tokens the kernel says are free
+    or, held off, on the budget's bounded overdraft."""
+    fd = budget_file.create([TOKENS], decode=[DECODE])
+    try:
+        own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+        try:
+            budget = _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
+        finally:
+            os.close(own)
+        pool = _host_gather.GatherPool(WORKERS, caller_gathers=True, budget=budget)
+        try:
+            table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+            ids = np.random.default_rng(3).integers(0, ROWS, DECODE_ROWS).astype(np.int64)
+            gather(pool, table, ids, row_hi=ROWS, row_bytes=ROW_BYTES)  # claims this process's slot
+            forger = 63 if budget.slot != 63 else 62
+            mapped = mmap.mmap(fd, budget_file.FILE_BYTES)
+            others = ((1 << 64) - 1) & ~(1 << budget.slot)
+            for at in (WANT_MASK_AT, HOLDING_MASK_AT):
+                struct.pack_into("<Q", mapped, at, others)
+            struct.pack_into("<i", mapped, budget_file.SLOTS_AT + forger * budget_file.SLOT_BYTES + HELD_IN_SLOT, TOKENS)
+            for seed in range(4, 8):
+                ids = np.random.default_rng(seed).integers(0, ROWS, DECODE_ROWS).astype(np.int64)
+                out, bad, _ = gather(pool, table, ids, row_hi=ROWS, row_bytes=ROW_BYTES)
+                assert bad == 0
+                np.testing.assert_array_equal(out, table[ids])
+            listings, left, _ = pool.wake_counts
+            assert listings > 0 and left >= listings, (listings, left)  # one woken of those asleep, not all
+            mapped.close()
+        finally:
+            pool.close()
     finally:
         os.close(fd)
