@@ -54,14 +54,20 @@ pool.close()
 """
 
 
+def rank_budget(fd: int):
+    """This process's seat on the budget behind ``fd``, through an open file description of its own
+    (its locks), as a rank reopens the descriptor the daemon hands it."""
+    own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+    try:
+        return _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
+    finally:
+        os.close(own)
+
+
 def decode_jobs(fd: int, calls: int, peer: bool) -> tuple[int, int, int]:
     """This process's wake counts after ``calls`` decode-size gathers (with the peer: until a
     listing held workers back, at most 60 s of them), every row checked."""
-    own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # each rank's own open file description (its locks)
-    try:
-        budget = _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
-    finally:
-        os.close(own)
+    budget = rank_budget(fd)
     pool = _host_gather.GatherPool(WORKERS, caller_gathers=True, budget=budget)
     proc = None
     try:
@@ -121,11 +127,7 @@ def test_a_peer_forging_wants_and_held_tokens_costs_a_decode_job_woken_workers_n
     or, held off, on the budget's bounded overdraft."""
     fd = budget_file.create([TOKENS], decode=[DECODE])
     try:
-        own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
-        try:
-            budget = _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
-        finally:
-            os.close(own)
+        budget = rank_budget(fd)
         pool = _host_gather.GatherPool(WORKERS, caller_gathers=True, budget=budget)
         try:
             table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)

@@ -69,6 +69,11 @@ int nb_held_total(const NodeBudget *b) {
     return total;
 }
 
+uint64_t nb_others_wanting(const NodeBudget *b) {
+    uint64_t others = atomic_load(&b->g->want_mask) & ~b->bit;
+    return b->slots < 64 ? others & ((1ULL << b->slots) - 1) : others;
+}
+
 int nb_fair(const NodeBudget *b) {
     uint64_t active = atomic_load(&b->g->want_mask) | atomic_load(&b->g->holding_mask) | b->bit;
     if (b->slots < 64) active &= (1ULL << b->slots) - 1;
@@ -100,8 +105,7 @@ int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
     int free = b->tokens - nb_held_total(b);
     if (free <= 0) return 0;
     if (!small && free <= b->decode) return 0;  /* the decode tokens: never taken by a prefill-size job */
-    uint64_t others = atomic_load(&g->want_mask) & ~b->bit;
-    if (b->slots < 64) others &= (1ULL << b->slots) - 1;
+    uint64_t others = nb_others_wanting(b);
     if (!others) return 1;
     if (uncontended_only) return 0;
     uint64_t smalls = atomic_load(&g->small_mask) & others;

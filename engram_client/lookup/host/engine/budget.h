@@ -187,6 +187,7 @@ static inline void nb_gunlock(NodeBudget *b, uint64_t key) { nb_gunlock_group(b-
 
 /* Reading the group, and deciding (the lock held where marked in budget.c). */
 int nb_held_total(const NodeBudget *b);
+uint64_t nb_others_wanting(const NodeBudget *b);  /* want bits of the group's other slots (within `slots`) */
 int nb_fair(const NodeBudget *b);
 int nb_stalled_crew(const NodeBudget *b, int64_t now);
 int nb_eligible(const NodeBudget *b, int small, int uncontended_only);

@@ -215,9 +215,7 @@ static int crew_takes(Pool *pool, const Job *job) {
 static int workers_to_wake(Pool *pool, const Job *job) {
     NodeBudget *b = atomic_load(&pool->budget);
     if (b == NULL || !nb_usable(b)) return INT_MAX;
-    uint64_t others = atomic_load(&b->g->want_mask) & ~b->bit;
-    if (b->slots < 64) others &= (1ULL << b->slots) - 1;
-    if (!others) return INT_MAX;
+    if (!nb_others_wanting(b)) return INT_MAX;
     if (job == NULL) return 0;
     if (job->n > b->small_rows) return INT_MAX;
     int free = b->tokens - nb_held_total(b);

@@ -215,8 +215,7 @@ int nb_acquire(NodeBudget *b, int small, int (*needed)(void *), void *arg) {
 int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
     if (t < 0) return 0;
     NbGroup *g = b->g;
-    uint64_t others = atomic_load_explicit(&g->want_mask, memory_order_relaxed) & ~b->bit;
-    if (b->slots < 64) others &= (1ULL << b->slots) - 1;
+    uint64_t others = nb_others_wanting(b);
     if (small) others &= atomic_load(&g->small_mask);  /* a decode-size job gives way to its peers only */
     if (!others) return 0;  /* work-conserving: nobody else waits */
     if (!small && (atomic_load(&g->small_mask) & others)) {  /* a decode-size job waits */
