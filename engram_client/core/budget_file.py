@@ -37,9 +37,11 @@ SMALL_ROWS = 16384  # a call of at most this many rows is decode-size: it goes f
 FLAG_PREFILL_IDLE = 1  # the header's flags: ranks gather prefill-size calls at SCHED_IDLE (lookup/host/engine/crew.c)
 PREFILL_GATHERS = {"normal": 0, "idle": FLAG_PREFILL_IDLE}  # engramd --prefill-gathers: the flags each sets
 FLAG_NO_SPARES = 2  # ... and no spares of the prefill crews on the decode CPUs (engramd --decode-spares off)
-DECODE_SPARES = {"idle": 0, "off": FLAG_NO_SPARES}  # engramd --decode-spares: the flags each sets
+FLAG_SPARES_QUIET = 4  # ... and the spares stand aside while a rank of the group decodes (--decode-spares quiet)
+DECODE_SPARES = {"quiet": FLAG_SPARES_QUIET, "idle": 0, "off": FLAG_NO_SPARES}  # engramd --decode-spares: the flags each sets
 _HEADER = struct.Struct(f"<QIIIIII{MAX_GROUPS}I{MAX_GROUPS}I")
-_GROUP_COUNTERS = struct.Struct("<QQQQQQQQQii")  # lock .. sweeps, gathering, peak (NbGroup's first fields)
+_GROUP_COUNTERS = struct.Struct("<QQQQQQQQQiiqq")  # lock .. sweeps, gathering, peak, rotate_at, decode_at (NbGroup's first fields)
+GROUP_DECODE_AT = _GROUP_COUNTERS.size - 8  # decode_at's offset in a group: when a rank last started a decode-size job
 # NbSlot: seq, sleepers, want, want_small, held, group, pid, crew_held, last_grant, rows .. small_wait_blocks_max,
 # crew_seen_at, stand_ins, standing_in
 _SLOT = struct.Struct("<IIiiiiiiQQQQQQQQqQi")
@@ -104,7 +106,7 @@ class BudgetView:
     def group(self, g: int) -> dict:
         values = _GROUP_COUNTERS.unpack_from(self._map, GROUPS_AT + g * GROUP_BYTES)
         return {"grants": values[6], "sweeps": values[8], "gathering": values[9], "peak": values[10],
-                "want_mask": values[3], "small_mask": values[4], "holding_mask": values[5],
+                "want_mask": values[3], "small_mask": values[4], "holding_mask": values[5], "decode_at": values[12],
                 "locked": sum(token_locked(self.fd, g, t) for t in range(self.tokens[g]))}
 
     def slot(self, s: int) -> dict:

@@ -126,7 +126,8 @@ SETTINGS = [
             metavar="auto|N", field="decode_cpus"),
     Setting("decode_spares", click.Choice(sorted(DECODE_SPARES)), DEFAULTS["decode_spares"],
             "Threads at SCHED_IDLE on the decode CPUs that gather prefill-size calls while those CPUs are otherwise "
-            "free (idle); off leaves the decode CPUs to decode-size calls alone.", field="decode_spares"),
+            "free: quiet, only while no rank of the node has started a decode-size lookup in the last 100 ms; idle, "
+            "beside decode calls too; off leaves the decode CPUs to decode-size calls alone.", field="decode_spares"),
     Setting("hot_rows", click.Path(dir_okay=False), None, "A hot-row list (engramd hot-rows build) for the ranks' HBM "
             "row cache; it must fit the table, else the first load fails (a reload serves without it).",
             metavar="FILE", field="hot_rows"),

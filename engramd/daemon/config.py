@@ -39,7 +39,7 @@ class ServeConfig:
     gather_cpus: str | None = None  # the node's gather budget: a CPU list, "N%", "off"; None: the default share
     prefill_gathers: str = "normal"  # "idle": ranks gather prefill-size calls at SCHED_IDLE (lookup/host/engine/crew.c)
     decode_cpus: str = "auto"  # CPUs per budget group kept from prefill gathers (daemon/decode_cpus.py)
-    decode_spares: str = "idle"  # "off": no prefill crew spares at SCHED_IDLE on the decode CPUs
+    decode_spares: str = "quiet"  # "idle": spares gather beside decodes too; "off": no spares on the decode CPUs
     hot_rows: str | None = None  # a hot-row list to publish with each generation (hot_rows_file.py)
     gid: int | None = field(default=None, init=False)  # resolved from ``group``
     replica_nodes: list[int] = field(default_factory=list, init=False)  # from ``numa_replicas``; [] without

@@ -3,7 +3,8 @@
     --gather-cpus LIST | N% | off      (default: every CPU the daemon may use, less one per GPU)
     --prefill-gathers normal | idle    (idle: ranks gather prefill-size calls at SCHED_IDLE)
     --decode-cpus auto | N             (CPUs of each group kept from prefill gathers: decode_cpus.py)
-    --decode-spares idle | off         (off: no prefill crew spares at SCHED_IDLE on those CPUs)
+    --decode-spares quiet | idle | off (spares of the prefill crews at SCHED_IDLE on those CPUs: quiet, the
+                                        default, while no rank decodes; idle, whenever the CPUs are free; off, none)
 
 The budget's CPUs are split into groups, one per NUMA node; a group's tokens are its CPUs.
 The daemon creates the sealed shared memory the ranks schedule on (engram_client/core/budget_file.py)
@@ -164,7 +165,7 @@ class GatherBudget:
     """The budget memory and its socket; created by the server once the request socket is bound."""
 
     def __init__(self, groups: list[BudgetGroup], socket_path: str, gid: int | None, budget_id: str,
-                 prefill_gathers: str = "normal", decode: str = "auto", decode_spares: str = "idle"):
+                 prefill_gathers: str = "normal", decode: str = "auto", decode_spares: str = "quiet"):
         self.groups, self.socket_path, self.id = groups, socket_path, budget_id
         self.prefill_gathers, self.decode_spares = prefill_gathers, decode_spares
         self.decode = decode_counts([len(g.cpus) for g in groups], decode, prefill_gathers)

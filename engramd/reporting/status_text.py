@@ -156,7 +156,8 @@ def _decode_cpus_words(group: dict[str, Any], spares: str | None) -> str:
         return ""
     return (f"; decode CPUs {group['decode_cpus']} (no prefill gather of normal priority there, "
             f"{group['decode_tokens']} tokens kept for decode-size calls, "
-            + ("no spares)" if spares == "off" else "prefill spares at SCHED_IDLE)"))
+            + {"off": "no spares)", "idle": "prefill spares at SCHED_IDLE)"}.get(
+                spares, "prefill spares at SCHED_IDLE while no rank decodes)"))
 
 
 def _hot_rows_line(hot: dict[str, Any] | None, error: str | None) -> str:

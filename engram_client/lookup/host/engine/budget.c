@@ -99,6 +99,26 @@ int nb_stalled_crew(const NodeBudget *b, int64_t now) {
     return stalled - standing;
 }
 
+/* A decode-size job starts in this process: the group's decode_at says when (no lock; a hint).  Stored
+ * at most once per NB_DECODE_STAMP_NS, so that ranks decoding back to back do not pass its cache line
+ * between them on every call. */
+void nb_note_decode(NodeBudget *b, int64_t now) {
+    _Atomic int64_t *at = &b->g->decode_at;
+    int64_t seen = atomic_load_explicit(at, memory_order_relaxed);
+    if (now - seen >= NB_DECODE_STAMP_NS || seen > now) atomic_store_explicit(at, now, memory_order_relaxed);
+}
+
+/* Whether a rank of the group started a decode-size job in the last NB_DECODE_QUIET_NS (the spares of
+ * --decode-spares quiet stand aside while it has).  Every rank reads the one CLOCK_MONOTONIC of the
+ * machine.  A time ahead of ours is no rank's (a rank in a time namespace with another offset, or a
+ * peer writing the field): it counts as no decoding, so it cannot keep the spares off for good; a
+ * peer that writes the present over and over keeps them off, which costs the node what
+ * --decode-spares off costs and nothing more. */
+int nb_decoding_lately(const NodeBudget *b, int64_t now) {
+    int64_t at = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
+    return at > 0 && at <= now && now - at < NB_DECODE_QUIET_NS;
+}
+
 /* Whether this slot may take a free token now (lock held). */
 int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
     NbGroup *g = b->g;

@@ -92,6 +92,9 @@
 #define NB_CREW_SEEN_NS 100000LL       /* a running crew thread holding a token says so this often */
 #define NB_FLAG_PREFILL_IDLE 1u        /* the header's flags: prefill-size jobs go to the pools' crews (crew.c) */
 #define NB_FLAG_NO_SPARES 2u           /* ... and no crew has spares on the decode CPUs (engramd --decode-spares off) */
+#define NB_FLAG_SPARES_QUIET 4u        /* ... and the spares stand aside while a rank decodes (--decode-spares quiet) */
+#define NB_DECODE_QUIET_NS 100000000LL  /* a group where no decode-size job started this long is not decoding */
+#define NB_DECODE_STAMP_NS 1000000LL   /* a job start moves the group's decode_at at most this often */
 #define NB_NONE (-2)
 #define NB_OVERDRAFT (-1)
 #define NB_STAND_IN (-3)               /* a decode-size job gathered in place of a crew thread off its CPU */
@@ -128,7 +131,9 @@ typedef struct {
     _Atomic uint64_t grants, big_blocks, sweeps;
     _Atomic int32_t gathering, peak;
     _Atomic int64_t rotate_at;             /* the next quantum rotation may happen from then on */
-    uint8_t pad[256 - 9 * 8 - 8 - 8];
+    _Atomic int64_t decode_at;             /* CLOCK_MONOTONIC ns of the group's latest decode-size job start (0:
+                                              none; zero in an older rank's pool, which never writes it) */
+    uint8_t pad[256 - 9 * 8 - 8 - 8 - 8];
     _Atomic uint32_t owner[NB_MAX_TOKENS]; /* slot + 1 holding the token, 0 free (a hint) */
     NbGrant log[NB_LOG];
 } NbGroup;
@@ -190,6 +195,8 @@ int nb_held_total(const NodeBudget *b);
 uint64_t nb_others_wanting(const NodeBudget *b);  /* want bits of the group's other slots (within `slots`) */
 int nb_fair(const NodeBudget *b);
 int nb_stalled_crew(const NodeBudget *b, int64_t now);
+void nb_note_decode(NodeBudget *b, int64_t now);
+int nb_decoding_lately(const NodeBudget *b, int64_t now);
 int nb_eligible(const NodeBudget *b, int small, int uncontended_only);
 int nb_next_waiter(const NodeBudget *b);
 void nb_wake_slot(NodeBudget *b, int s);

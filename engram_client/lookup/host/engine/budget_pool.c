@@ -62,6 +62,45 @@ static inline int thread_quits(Pool *pool, int crew) {  /* the pool closes, or (
     return atomic_load(&pool->stop) || (crew && atomic_load(&pool->crew_quit));
 }
 
+/* Whether a spare of --decode-spares quiet must leave prefill work alone: a rank of the group started
+ * a decode-size job in the last NB_DECODE_QUIET_NS.  A spare gathering beside a decode call holds its
+ * CPU until the kernel preempts it, and shares a core with a decode worker where the decode CPUs are
+ * hyperthreads; with none there a decode call's lone lookup kept its p90 at 1.65-2.12x its p90 alone
+ * beside three prefilling ranks, against 2.1-6.2x with spares that gather whenever the CPU is free
+ * (docs/history/benchmarks-2026-12.md, "The busy node: waking only the workers a token awaits").
+ * The window outlasts a decode step, so they stay aside through a rank's whole decode, and come
+ * back for a node that only prefills, where they add their CPUs to its rate. */
+static int spare_stands_aside(const NodeBudget *b) {
+    return (b->flags & NB_FLAG_SPARES_QUIET) && nb_decoding_lately(b, now_ns());
+}
+
+/* The same at a block boundary of a spare that is gathering (so the group was not decoding when it
+ * looked): only a new decode_at can change that, so the clock is read only when one appears. */
+static int spare_stands_aside_now(const NodeBudget *b, int64_t *decode_seen) {
+    int64_t at = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
+    if (at == *decode_seen) return 0;
+    *decode_seen = at;
+    return spare_stands_aside(b);
+}
+
+/* A spare that stands aside sleeps on its list until a new prefill job is listed, the decode window
+ * would have closed, or the crew is called off (a timed wait: the window is the longest it sleeps). */
+static void spare_sleep(Pool *pool, JobList *list) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);  /* the list's condition variable keeps the default clock */
+    until.tv_nsec += NB_DECODE_QUIET_NS % 1000000000;
+    until.tv_sec += NB_DECODE_QUIET_NS / 1000000000 + until.tv_nsec / 1000000000;
+    until.tv_nsec %= 1000000000;
+    atomic_fetch_add(&pool->spare_asides, 1);
+    pthread_mutex_lock(&pool->lock);
+    if (!thread_quits(pool, 2)) {
+        list->sleepers++;
+        pthread_cond_timedwait(&list->wake, &pool->lock, &until);
+        list->sleepers--;
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
 static void worker_release(NodeBudget *b, int tok, int yielded, int crew) {
     if (crew) nb_crew_hold(b, tok, -1);
     nb_release(b, tok, yielded);
@@ -77,7 +116,7 @@ void *budget_worker_main(Pool *pool, int crew) {
     NodeBudget *b = pool->budget;
     JobList *list = pool_list(pool, crew);
     int tok = NB_NONE;
-    int64_t linger_until = 0, answered = 0;
+    int64_t linger_until = 0, answered = 0, decode_seen = 0;
     while (!thread_quits(pool, crew)) {
         if (tok == NB_NONE) {
             b = atomic_load(&pool->budget);  /* a new daemon's budget (set_budget) from the next token on */
@@ -102,6 +141,11 @@ void *budget_worker_main(Pool *pool, int crew) {
                 linger_until = answered;
                 if ((tok = nb_try(b, 1, 1)) == NB_NONE) continue;
             } else if (crew == 2) {
+                decode_seen = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
+                if (spare_stands_aside(b)) {
+                    spare_sleep(pool, list);
+                    continue;
+                }
                 tok = NB_SPARE;  /* a spare gathers without a token, at SCHED_IDLE (crew.c) */
             } else if ((tok = nb_acquire(b, small, crew ? nb_crew_has_work : nb_pool_has_work, pool)) == NB_NONE) {
                 continue;
@@ -115,14 +159,16 @@ void *budget_worker_main(Pool *pool, int crew) {
             if (job && !job_join(job)) job = NULL;
             pthread_mutex_unlock(&pool->lock);
             if (job) {
-                int small = job->n <= b->small_rows, yielded = 0;
+                int small = job->n <= b->small_rows, yielded = 0, aside = 0;
                 int64_t blocks = 0;
                 while (budget_take_block(b, job, tok >= 0, small)) {
+                    if (tok == NB_SPARE) atomic_fetch_add_explicit(&pool->spare_blocks, 1, memory_order_relaxed);
                     if (crew && tok >= 0) nb_crew_seen(b);
                     if ((yielded = nb_should_yield(b, tok, small, ++blocks))) break;
+                    if (tok == NB_SPARE && (aside = spare_stands_aside_now(b, &decode_seen))) break;
                 }
                 job_leave(job);  /* the last worker off a signalled job ends its run (signal.c) */
-                if (yielded || tok == NB_STAND_IN) {  /* a stand-in is for one job */
+                if (yielded || aside || tok == NB_STAND_IN) {  /* a stand-in is for one job */
                     worker_release(b, tok, yielded, crew);
                     tok = NB_NONE;
                 }
@@ -195,6 +241,13 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
     if (tok != NB_NONE) nb_release(b, tok, 0);
 }
 
+/* A job of the pool starts: a decode-size one is noted in the group (nb_note_decode), for the spares
+ * of every rank in it.  Every one counts, the one-block jobs a caller gathers alone included. */
+static void job_starting(Pool *pool, const Job *job) {
+    NodeBudget *b = atomic_load(&pool->budget);
+    if (b != NULL && nb_usable(b) && job->n <= b->small_rows) nb_note_decode(b, now_ns());
+}
+
 /* Whether `job` (being listed; pool lock held) goes to the crew (crew.c says why). */
 static int crew_takes(Pool *pool, const Job *job) {
     NodeBudget *b = atomic_load(&pool->budget);
@@ -223,6 +276,7 @@ static int workers_to_wake(Pool *pool, const Job *job) {
 }
 
 const PoolBudgetOps pool_budget_ops = {
-    .worker_main = budget_worker_main, .wait_chunk = budget_wait_chunk, .crew_takes = crew_takes,
+    .worker_main = budget_worker_main, .wait_chunk = budget_wait_chunk, .job_starting = job_starting,
+    .crew_takes = crew_takes,
     .workers_to_wake = workers_to_wake, .unref = nb_unref,
 };

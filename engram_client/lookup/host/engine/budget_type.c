@@ -77,6 +77,8 @@ static PyObject *budget_group_state(NodeBudgetObject *self, PyObject *unused) {
     NB_ITEM(d, "big_blocks", PyLong_FromUnsignedLongLong(atomic_load(&g->big_blocks)));
     NB_ITEM(d, "sweeps", PyLong_FromUnsignedLongLong(atomic_load(&g->sweeps)));
     NB_ITEM(d, "breaks", PyLong_FromUnsignedLongLong(atomic_load(&g->breaks)));
+    NB_ITEM(d, "decode_at", PyLong_FromLongLong(atomic_load(&g->decode_at)));
+    NB_ITEM(d, "decoding", PyLong_FromLong(nb_decoding_lately(b, now_ns())));
     return d;
 }
 
@@ -141,6 +143,10 @@ static PyObject *budget_get_prefill_idle(NodeBudgetObject *self, void *unused) {
     return PyBool_FromLong(self->b && (self->b->flags & NB_FLAG_PREFILL_IDLE));
 }
 
+static PyObject *budget_get_spares_quiet(NodeBudgetObject *self, void *unused) {
+    return PyBool_FromLong(self->b && (self->b->flags & NB_FLAG_SPARES_QUIET));
+}
+
 static PyObject *budget_require(NodeBudgetObject *self, PyCFunction fn, PyObject *arg) {
     if (!self->b) {
         PyErr_SetString(err_class(), "this NodeBudget was never opened");
@@ -174,6 +180,8 @@ static PyGetSetDef budget_getset[] = {
      "of the group's tokens, those a prefill-size job never takes (the daemon's --decode-cpus)", NULL},
     {"prefill_idle", (getter)budget_get_prefill_idle, NULL,
      "whether the daemon asks for prefill-size jobs to be gathered at SCHED_IDLE (--prefill-gathers idle)", NULL},
+    {"spares_quiet", (getter)budget_get_spares_quiet, NULL,
+     "whether the crew's spares stand aside while a rank of the group decodes (--decode-spares quiet)", NULL},
     {NULL}};
 
 PyTypeObject NodeBudgetType = {
@@ -198,5 +206,7 @@ int nb_add_to_module(PyObject *module) {
            PyModule_AddIntConstant(module, "BUDGET_MAX_GROUPS", NB_MAX_GROUPS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_MAX_TOKENS", NB_MAX_TOKENS) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ||
-           PyModule_AddIntConstant(module, "BUDGET_FLAG_NO_SPARES", NB_FLAG_NO_SPARES) < 0 ? -1 : 0;
+           PyModule_AddIntConstant(module, "BUDGET_FLAG_NO_SPARES", NB_FLAG_NO_SPARES) < 0 ||
+           PyModule_AddIntConstant(module, "BUDGET_FLAG_SPARES_QUIET", NB_FLAG_SPARES_QUIET) < 0 ||
+           PyModule_AddIntConstant(module, "BUDGET_GROUP_DECODE_AT", offsetof(NbGroup, decode_at)) < 0 ? -1 : 0;
 }

@@ -150,6 +150,7 @@ int job_start(Job *job) {
     for (int c = 0; c < MAX_CHUNKS; c++) atomic_store(&job->chunk_done[c], 0);
     job->listed = job->for_crew = 0;
     Pool *pool = job->pool;
+    if (pool != NULL && pool->budget_ops) pool->budget_ops->job_starting(pool, job);
     /* A signalled job has no waiting thread to gather a lone block: the workers take it. */
     if (pool == NULL || !pool_usable(pool) || (job->nblocks <= 1 && !job->signal)) {
         atomic_store(&job->users, 0);  /* never listed: nobody joins it */

@@ -16,6 +16,7 @@ struct NodeBudget;                   /* budget.h */
 typedef struct {
     void *(*worker_main)(Pool *pool, int crew);      /* a worker's loop (crew 1, 2: the crew's, its spares') */
     void (*wait_chunk)(Job *job, int64_t chunk);     /* the waiting thread's part, on tokens */
+    void (*job_starting)(Pool *pool, const Job *job);  /* a job of the pool starts (no lock held) */
     int (*crew_takes)(Pool *pool, const Job *job);   /* whether a job being listed goes to the crew (lock held) */
     int (*workers_to_wake)(Pool *pool, const Job *job);  /* sleeping workers a job being listed, or (NULL) a
                                                             pre-wake, should wake (lock held) */
@@ -71,6 +72,7 @@ struct Pool {
     atomic_int refs;               /* the Python object and every StagedJob */
     atomic_llong jobs_run;
     atomic_llong wakes_in_part, left_asleep, prewakes_skipped;  /* what pool_wake_workers held back (wake_counts) */
+    atomic_llong spare_blocks, spare_asides;  /* blocks the crew's spares gathered, and times they stood aside */
     RowCounts counts;              /* what its jobs' rows came to (gather_block) */
     pthread_t *threads;
     SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */

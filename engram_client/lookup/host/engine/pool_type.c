@@ -231,6 +231,12 @@ static PyObject *pool_get_wake_counts(PoolObject *self, void *unused) {
                          pool ? (long long)atomic_load(&pool->prewakes_skipped) : 0LL);
 }
 
+static PyObject *pool_get_spare_counts(PoolObject *self, void *unused) {
+    Pool *pool = self->pool;
+    return Py_BuildValue("(LL)", pool ? (long long)atomic_load(&pool->spare_blocks) : 0LL,
+                         pool ? (long long)atomic_load(&pool->spare_asides) : 0LL);
+}
+
 static PyObject *pool_get_cache_counts(PoolObject *self, void *unused) {
     Pool *pool = self->pool;
     return Py_BuildValue("(LLL)", pool ? (long long)atomic_load(&pool->counts.cache_hits) : 0LL,
@@ -256,6 +262,9 @@ static PyGetSetDef pool_getset[] = {
     {"wake_counts", (getter)pool_get_wake_counts, NULL,
      "(listings, left asleep, pre-wakes): decode-size jobs listed that woke only some sleeping workers, the workers "
      "they left asleep, and pre-wakes that woke nobody (on a budget others want tokens of)", NULL},
+    {"spare_counts", (getter)pool_get_spare_counts, NULL,
+     "(blocks, stood aside): blocks the prefill crew's spares gathered, and the times one stood aside for a "
+     "rank's decode (--decode-spares quiet)", NULL},
     {"cache_counts", (getter)pool_get_cache_counts, NULL,
      "(hits, misses, fetched): ids the HBM cache served and missed; rows read from the table", NULL},
     {"caller_gathers", (getter)pool_get_caller_gathers, NULL,

@@ -1,0 +1,194 @@
+"""--decode-spares quiet: the prefill crew's spares on the decode CPUs stand aside while a rank of
+the node decodes, and gather again once the node has been without a decode-size job for the window.
+
+A spare at SCHED_IDLE that gathers prefill blocks on a decode CPU beside a decode call holds that
+CPU until the kernel preempts it; on the H200 machine the decode CPUs without spares kept a lone
+lookup's p90 beside three prefilling ranks at 1.65-2.12x its p90 alone, against 2.1-6.2x with
+spares that gather whenever the CPU is free (docs/history/benchmarks-2026-12.md).
+
+Here this process is a prefilling rank with one spare on the second of two CPUs, and a real peer
+process on the same sealed memfd budget decodes (2,048-row gathers back to back): the group's
+decode_at is the only thing the two share.  The pool's spare counts say what the spare did:
+under the quiet rule it gathers nothing while the peer decodes and stands aside instead; under
+the idle rule (the control) it gathers beside the peer; with the peer gone it gathers again.  A
+peer that writes a time ahead of the machine's clock keeps no spare aside.  Every row is checked.
+No timing asserts: the window (100 ms) is waited out, never measured.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from engram_client.core import budget_file
+from engram_client.lookup.host import _host_gather
+from test_host_gather import gather
+from waiting import wait_for
+
+TOKENS, DECODE_TOKENS, ROWS, ROW_BYTES = 2, 1, 1 << 16, 264
+PREFILL_ROWS = budget_file.SMALL_ROWS * 4
+CPUS = sorted(os.sched_getaffinity(0))[:2]
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs: one for the crew, one decode CPU")
+
+# The decoding peer: a rank of its own gathering 2,048-row jobs back to back until its stdin closes,
+# then printing the longest gap between two of its jobs' starts (ms): a peer descheduled that long
+# (a loaded machine) let the window close, and the spare then rightly gathered.
+PEER = """
+import os, select, sys, time
+import numpy as np
+from engram_client.lookup.host import _host_gather
+own = os.open(f"/proc/self/fd/{sys.argv[1]}", os.O_RDWR)  # its own open file description, as a rank's
+budget = _host_gather.NodeBudget(own, 0, int(sys.argv[2]), int(sys.argv[3]))
+os.close(own)
+pool = _host_gather.GatherPool(2, caller_gathers=True, budget=budget)
+table = np.random.default_rng(1).integers(0, 256, (1 << 16, 264), dtype=np.uint8)
+out = np.empty((2048, 264), dtype=np.uint8)
+counter = np.zeros(1, dtype=np.int64)
+rng = np.random.default_rng()
+last, longest, announced = None, 0.0, False
+while not select.select([sys.stdin], [], [], 0)[0]:
+    ids = rng.integers(0, 1 << 16, 2048)
+    now = time.monotonic()
+    if last is not None:
+        longest = max(longest, now - last)
+    last = now
+    assert pool.gather(table.ctypes.data, 0, 1 << 16, 264, ids.ctypes.data, True, ids.size, out.ctypes.data,
+                       counter.ctypes.data) == 0
+    np.testing.assert_array_equal(out, table[ids])
+    if not announced:
+        print("decoding", flush=True)
+        announced = True
+pool.close()
+print(f"{longest * 1000:.1f}", flush=True)
+"""
+STALLED_MS = 80  # a peer gap this long comes near the 100 ms window: that run proves nothing
+
+
+def prefilling_rank(fd: int):
+    """This process as a rank with a prefill crew on the first CPU and one spare on the second."""
+    own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+    try:
+        budget = _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
+    finally:
+        os.close(own)
+    pool = _host_gather.GatherPool(2, budget=budget, cpus=CPUS)
+    assert pool.prefill_spares == (1, [CPUS[1]]), pool.prefill_spares
+    return budget, pool
+
+
+class Prefill:
+    """Prefill-size gathers of fresh ids, every row checked."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
+        self.rng = np.random.default_rng(2)
+
+    def __call__(self) -> None:
+        ids = self.rng.integers(0, ROWS, PREFILL_ROWS).astype(np.int64)
+        out, bad, _ = gather(self.pool, self.table, ids, row_hi=ROWS, row_bytes=ROW_BYTES)
+        assert bad == 0
+        np.testing.assert_array_equal(out, self.table[ids])
+
+
+def beside_a_decoding_peer(fd: int, pool, budget, until, what: str) -> tuple[int, float]:
+    """Prefill gathers beside the decoding peer until ``until()`` holds (60 s at most): the spare's
+    blocks gathered meanwhile, and the peer's longest gap between two decode jobs (ms)."""
+    prefill = Prefill(pool)
+    proc = subprocess.Popen([sys.executable, "-c", PEER, str(fd), str(TOKENS), str(budget_file.MAX_SLOTS)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
+    try:
+        assert proc.stdout.readline().strip() == "decoding"
+        wait_for(lambda: budget.group_state()["decoding"], "the group's decode_at to say a rank decodes", 30)
+        blocks_before = pool.spare_counts[0]
+
+        def prefilled() -> bool:
+            prefill()
+            return until()
+        wait_for(prefilled, what, 60)
+        blocks = pool.spare_counts[0] - blocks_before
+    finally:
+        proc.stdin.close()
+        longest = float(proc.stdout.readline())
+        assert proc.wait(timeout=60) == 0
+    return blocks, longest
+
+
+def test_quiet_spares_stand_aside_while_a_peer_decodes_and_gather_once_it_stops():
+    fd = budget_file.create([TOKENS], decode=[DECODE_TOKENS], flags=budget_file.FLAG_SPARES_QUIET)
+    try:
+        budget, pool = prefilling_rank(fd)
+        try:
+            for attempt in range(3):
+                asides = pool.spare_counts[1]
+                blocks, longest = beside_a_decoding_peer(
+                    fd, pool, budget, lambda: pool.spare_counts[1] > asides,
+                    "the spare to stand aside for the decoding peer")
+                if longest < STALLED_MS:
+                    break
+            else:
+                pytest.skip(f"the decoding peer stalled {longest:.0f} ms or more in each of 3 runs: the window closed")
+            assert blocks == 0, f"the spare gathered {blocks} prefill blocks while a rank decoded"
+            # The peer is gone: once the window has passed, the spare gathers the crew's jobs again.
+            wait_for(lambda: not budget.group_state()["decoding"], "the decode window to close", 30)
+            prefill, before = Prefill(pool), pool.spare_counts[0]
+
+            def spare_gathered() -> bool:
+                prefill()
+                return pool.spare_counts[0] > before
+            wait_for(spare_gathered, "the spare to gather prefill blocks with no rank decoding", 60)
+            assert not budget.group_state()["decoding"]
+        finally:
+            pool.close()
+    finally:
+        os.close(fd)
+
+
+def test_idle_spares_gather_beside_a_decoding_peer_as_before():
+    """The control: the same run under --decode-spares idle, where the spare never stands aside."""
+    fd = budget_file.create([TOKENS], decode=[DECODE_TOKENS])
+    try:
+        budget, pool = prefilling_rank(fd)
+        try:
+            before = pool.spare_counts[0]
+            blocks, _ = beside_a_decoding_peer(fd, pool, budget, lambda: pool.spare_counts[0] > before,
+                                               "the spare to gather beside the decoding peer")
+            assert blocks > 0 and pool.spare_counts[1] == 0
+        finally:
+            pool.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_decode_time_ahead_of_the_clock_keeps_no_spare_aside():
+    """decode_at is a hint in memory every rank may write: a time ahead of the machine's clock is no
+    rank's, so a peer cannot keep the spares off for good with one write (one that writes the present
+    over and over costs what --decode-spares off costs)."""
+    fd = budget_file.create([TOKENS], decode=[DECODE_TOKENS], flags=budget_file.FLAG_SPARES_QUIET)
+    try:
+        budget, pool = prefilling_rank(fd)
+        mapped = mmap.mmap(fd, budget_file.FILE_BYTES)
+        try:
+            at = budget_file.GROUPS_AT + budget_file.GROUP_DECODE_AT
+            struct.pack_into("<q", mapped, at, time.monotonic_ns() + 3600 * 10**9)
+            assert not budget.group_state()["decoding"]
+            prefill, before = Prefill(pool), pool.spare_counts[0]
+
+            def spare_gathered() -> bool:
+                prefill()
+                return pool.spare_counts[0] > before
+            wait_for(spare_gathered, "the spare to gather beside a decode time from the future", 60)
+            assert pool.spare_counts[1] == 0
+            struct.pack_into("<q", mapped, at, time.monotonic_ns())  # the present: a rank decodes
+            assert budget.group_state()["decoding"]
+        finally:
+            mapped.close()
+            pool.close()
+    finally:
+        os.close(fd)
