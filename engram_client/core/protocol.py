@@ -35,8 +35,9 @@ from .errors import ProtocolError
 # replicas (attach's numa_node and replicas, status.replicas, clients[].numa_node and replica);
 # 1.5 the gather budget's prefill rule (its header's flags, status, heartbeat's prefill_threads);
 # 1.6 heartbeat's stand_ins (decode-size calls gathered in place of a crew thread off its CPU);
-# 1.7 the gather budget's decode CPUs (its header's decode counts, status's decode_tokens and decode_cpus)
-PROTOCOL_VERSION = (1, 7)
+# 1.7 the gather budget's decode CPUs (its header's decode counts, status's decode_tokens and decode_cpus);
+# 1.8 quiet spares (the header's flags bit 2, the groups' decode_at, status's decode_spares "quiet")
+PROTOCOL_VERSION = (1, 8)
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.

@@ -57,7 +57,7 @@ def test_unpack_refuses_oversized_frames_before_decoding():
 
 
 # -- versions and requests ---------------------------------------------------------------
-@pytest.mark.parametrize("version", ["1.0", "1.7", "1.99"])
+@pytest.mark.parametrize("version", ["1.0", "1.8", "1.99"])
 def test_check_version_accepts_same_major(version):
     assert protocol.check_version({"v": version}) == (1, int(version.split(".")[1]))
 
@@ -78,7 +78,7 @@ def test_check_version_refuses(message, expected):
 
 def test_request_builder_is_parsed_back():
     message = protocol.request("heartbeat", 42, {"client_id": "c1-1"})
-    assert message["v"] == protocol.VERSION_STRING == "1.7"
+    assert message["v"] == protocol.VERSION_STRING == "1.8"
     assert protocol.parse_request(protocol.unpack(protocol.pack(message))) == (42, "heartbeat", {"client_id": "c1-1"})
     assert protocol.parse_request({"v": "1.3", "id": "s", "op": "status"}) == ("s", "status", {})  # args optional
 

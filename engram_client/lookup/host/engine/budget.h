@@ -44,6 +44,9 @@
  *     prefill-size jobs on a crew of threads kept off the group's D decode CPUs (crew.c),
  *     so a decode call's woken workers find idle CPUs there instead of queueing behind prefill
  *     holders of equal priority (docs/history/benchmarks-2026-12.md, "Decode beside prefill ... where the wait is");
+ *   - quiet spares: every decode-size job start is stamped in the group (decode_at), and the crews'
+ *     spares on the decode CPUs gather nothing while the stamp is under NB_DECODE_QUIET_NS old
+ *     (header flag NB_FLAG_SPARES_QUIET; budget_pool.c says why);
  * Waiters sleep on their slot's futex word (bounded: NB_WAIT_NS) and a release wakes the slot
  * that is next.  A slot that has waited NB_STARVE_NS holding nothing (a peer keeps the tokens
  * locked) gathers without a token for NB_OVERDRAFT_NS, counted: no peer stalls a rank for longer.

@@ -22,7 +22,9 @@
  * workers (pinned to every gather CPU) land there at once: the kernel places a waking thread on an
  * idle CPU, and one that runs only SCHED_IDLE threads counts as idle.  To keep prefill
  * work-conserving, D spares at SCHED_IDLE pinned to the decode CPUs gather the crew's jobs while
- * those CPUs are otherwise free (none where the budget says --decode-spares off).  Spares hold no
+ * those CPUs are otherwise free (none where the budget says --decode-spares off) and, where it says
+ * quiet (the default), while no rank of the group has started a decode-size job in the last
+ * NB_DECODE_QUIET_NS (spare_stands_aside, budget_pool.c).  Spares hold no
  * token: a decode-size waiter never waits for one (a stand-in would come only after
  * NB_CREW_STALL_NS, too late for decode), so the group's count of
  * gathering threads may exceed its tokens by the spares, which take no CPU from any thread of
