@@ -22,6 +22,7 @@ import mmap
 import os
 import socket
 import struct
+import time
 
 from .errors import ConfigError, DaemonUnavailableError
 
@@ -42,6 +43,7 @@ DECODE_SPARES = {"quiet": FLAG_SPARES_QUIET, "idle": 0, "off": FLAG_NO_SPARES}  
 _HEADER = struct.Struct(f"<QIIIIII{MAX_GROUPS}I{MAX_GROUPS}I")
 _GROUP_COUNTERS = struct.Struct("<QQQQQQQQQiiqq")  # lock .. sweeps, gathering, peak, rotate_at, decode_at (NbGroup's first fields)
 GROUP_DECODE_AT = _GROUP_COUNTERS.size - 8  # decode_at's offset in a group: when a rank last started a decode-size job
+DECODE_QUIET_NS = 100_000_000  # a group whose decode_at is older than this is not decoding (quiet spares gather)
 # NbSlot: seq, sleepers, want, want_small, held, group, pid, crew_held, last_grant, rows .. small_wait_blocks_max,
 # crew_seen_at, stand_ins, standing_in
 _SLOT = struct.Struct("<IIiiiiiiQQQQQQQQqQi")
@@ -49,6 +51,12 @@ TOKEN_LOCKS = 2 << 30
 SLOT_LOCKS = 1 << 30
 _FLOCK = struct.Struct("hhqqi4x")
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def decoding_lately(decode_at: int, now_ns: int) -> bool:
+    """The C rule (nb_decoding_lately, engine/budget.c) for the daemon's status: a rank of the group
+    started a decode-size job less than DECODE_QUIET_NS ago (a time ahead of ``now_ns`` is no rank's)."""
+    return 0 < decode_at <= now_ns and now_ns - decode_at < DECODE_QUIET_NS
 
 
 def create(tokens: list[int], slots: int = MAX_SLOTS, small_rows: int = SMALL_ROWS, flags: int = 0,
@@ -107,6 +115,7 @@ class BudgetView:
         values = _GROUP_COUNTERS.unpack_from(self._map, GROUPS_AT + g * GROUP_BYTES)
         return {"grants": values[6], "sweeps": values[8], "gathering": values[9], "peak": values[10],
                 "want_mask": values[3], "small_mask": values[4], "holding_mask": values[5], "decode_at": values[12],
+                "decoding": decoding_lately(values[12], time.monotonic_ns()),
                 "locked": sum(token_locked(self.fd, g, t) for t in range(self.tokens[g]))}
 
     def slot(self, s: int) -> dict:

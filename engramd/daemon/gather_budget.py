@@ -230,7 +230,8 @@ class GatherBudget:
             groups.append({"group": i, "node": g.node, "cpus": format_cpu_list(list(g.cpus)), "tokens": len(g.cpus),
                            "locked": seen["locked"], "peak_gathering": seen["peak"], "grants": seen["grants"],
                            "dead_slots_swept": seen["sweeps"], "decode_tokens": self.decode[i],
-                           "decode_cpus": format_cpu_list(decode_cpus(g.cpus, self.decode[i]))})
+                           "decode_cpus": format_cpu_list(decode_cpus(g.cpus, self.decode[i])),
+                           "decoding": seen["decoding"]})
         return {"id": self.id, "socket": self.socket_path, "groups": groups,
                 "tokens": sum(len(g.cpus) for g in self.groups), "prefill_gathers": self.prefill_gathers,
                 "decode_spares": self.decode_spares}

@@ -157,7 +157,8 @@ def _decode_cpus_words(group: dict[str, Any], spares: str | None) -> str:
     return (f"; decode CPUs {group['decode_cpus']} (no prefill gather of normal priority there, "
             f"{group['decode_tokens']} tokens kept for decode-size calls, "
             + {"off": "no spares)", "idle": "prefill spares at SCHED_IDLE)"}.get(
-                spares, "prefill spares at SCHED_IDLE while no rank decodes)"))
+                spares, "prefill spares at SCHED_IDLE while no rank decodes: "
+                + ("standing aside now, a rank decodes)" if group.get("decoding") else "free to gather now)")))
 
 
 def _hot_rows_line(hot: dict[str, Any] | None, error: str | None) -> str:

@@ -12,6 +12,8 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -34,6 +36,11 @@ def crew_threads(pid: int) -> dict[str, set]:
     return found
 
 
+def status_text(daemon) -> str:
+    return subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
+                          capture_output=True, text=True, timeout=30).stdout
+
+
 def test_decode_cpus_keep_every_ranks_prefill_off_them_and_off_the_last_token(budget_daemon, ranks):
     daemon = budget_daemon("0-1", "--decode-cpus", "1")
     (status,) = daemon.status()["gather_budget"]["groups"]
@@ -41,7 +48,7 @@ def test_decode_cpus_keep_every_ranks_prefill_off_them_and_off_the_last_token(bu
     text = subprocess.run([sys.executable, "-m", "engramd", "status", "--socket", daemon.endpoint],
                           capture_output=True, text=True, timeout=30).stdout
     assert "decode CPUs 1 (no prefill gather of normal priority there" in text, text
-    assert "prefill spares at SCHED_IDLE while no rank decodes)" in text, text  # --decode-spares quiet, the default
+    assert "prefill spares at SCHED_IDLE while no rank decodes: " in text, text  # --decode-spares quiet, the default
     group = ranks(daemon.endpoint, [(65536, 0, 0), (65536, 0, 0)])
     for ready in group.ready:
         assert "gathered by 2 threads kept off the decode CPUs 1, with 1 spare at SCHED_IDLE there, standing aside " \
@@ -59,6 +66,23 @@ def test_decode_cpus_keep_every_ranks_prefill_off_them_and_off_the_last_token(bu
     state = watcher(daemon).group_state()
     assert state["peak"] == 1, state  # two ranks' crews on two tokens: the one kept for decode never taken
     assert all(r["stats"]["overdraft"] == 0 for r in results), results
+    # Status says whether the quiet spares stand aside now.  A thread here stamps the group's
+    # decode_at as a decoding rank's calls do (the present, every few ms), so that no window is raced.
+    stop = threading.Event()
+
+    def stamp() -> None:
+        while not stop.wait(0.005):
+            struct.pack_into("<q", mapped, budget_file.GROUPS_AT + budget_file.GROUP_DECODE_AT, time.monotonic_ns())
+    stamper = threading.Thread(target=stamp, daemon=True)
+    stamper.start()
+    try:
+        wait_for(lambda: daemon.status()["gather_budget"]["groups"][0]["decoding"], "status to say a rank decodes", 30)
+        assert "prefill spares at SCHED_IDLE while no rank decodes: standing aside now, a rank decodes)" in status_text(daemon)
+    finally:
+        stop.set()
+        stamper.join(timeout=5)
+    wait_for(lambda: not daemon.status()["gather_budget"]["groups"][0]["decoding"], "the decode window to close", 30)
+    assert "prefill spares at SCHED_IDLE while no rank decodes: free to gather now)" in status_text(daemon)
     mapped.close()
     view.close()
     os.close(fd)

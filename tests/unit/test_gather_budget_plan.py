@@ -87,10 +87,10 @@ def test_the_c_scheduler_and_the_daemon_share_one_layout():
     assert (_host_gather.BUDGET_VERSION, _host_gather.BUDGET_FILE_BYTES, _host_gather.BUDGET_MAX_SLOTS,
             _host_gather.BUDGET_MAX_GROUPS, _host_gather.BUDGET_MAX_TOKENS, _host_gather.BUDGET_FLAG_PREFILL_IDLE,
             _host_gather.BUDGET_FLAG_NO_SPARES, _host_gather.BUDGET_FLAG_SPARES_QUIET,
-            _host_gather.BUDGET_GROUP_DECODE_AT) == \
+            _host_gather.BUDGET_GROUP_DECODE_AT, _host_gather.BUDGET_DECODE_QUIET_NS) == \
         (budget_file.VERSION, budget_file.FILE_BYTES, budget_file.MAX_SLOTS, budget_file.MAX_GROUPS,
          budget_file.MAX_TOKENS, budget_file.FLAG_PREFILL_IDLE, budget_file.FLAG_NO_SPARES,
-         budget_file.FLAG_SPARES_QUIET, budget_file.GROUP_DECODE_AT)
+         budget_file.FLAG_SPARES_QUIET, budget_file.GROUP_DECODE_AT, budget_file.DECODE_QUIET_NS)
 
 
 def test_a_budget_is_sealed_and_a_rank_refuses_one_that_is_not(tmp_path):

@@ -208,5 +208,6 @@ int nb_add_to_module(PyObject *module) {
            PyModule_AddIntConstant(module, "BUDGET_FLAG_PREFILL_IDLE", NB_FLAG_PREFILL_IDLE) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_FLAG_NO_SPARES", NB_FLAG_NO_SPARES) < 0 ||
            PyModule_AddIntConstant(module, "BUDGET_FLAG_SPARES_QUIET", NB_FLAG_SPARES_QUIET) < 0 ||
-           PyModule_AddIntConstant(module, "BUDGET_GROUP_DECODE_AT", offsetof(NbGroup, decode_at)) < 0 ? -1 : 0;
+           PyModule_AddIntConstant(module, "BUDGET_GROUP_DECODE_AT", offsetof(NbGroup, decode_at)) < 0 ||
+           PyModule_AddIntConstant(module, "BUDGET_DECODE_QUIET_NS", NB_DECODE_QUIET_NS) < 0 ? -1 : 0;
 }
