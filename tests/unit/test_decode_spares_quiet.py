@@ -20,7 +20,6 @@ import mmap
 import os
 import struct
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -28,6 +27,7 @@ import pytest
 
 from engram_client.core import budget_file
 from engram_client.lookup.host import _host_gather
+from gathering_peer import COMMAND, reopened_budget
 from test_host_gather import gather
 from waiting import wait_for
 
@@ -36,47 +36,16 @@ PREFILL_ROWS = budget_file.SMALL_ROWS * 4
 CPUS = sorted(os.sched_getaffinity(0))[:2]
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs: one for the crew, one decode CPU")
 
-# The decoding peer: a rank of its own gathering 2,048-row jobs back to back until its stdin closes,
-# then printing the longest gap between two of its jobs' starts (ms): a peer descheduled that long
-# (a loaded machine) let the window close, and the spare then rightly gathered.
-PEER = """
-import os, select, sys, time
-import numpy as np
-from engram_client.lookup.host import _host_gather
-own = os.open(f"/proc/self/fd/{sys.argv[1]}", os.O_RDWR)  # its own open file description, as a rank's
-budget = _host_gather.NodeBudget(own, 0, int(sys.argv[2]), int(sys.argv[3]))
-os.close(own)
-pool = _host_gather.GatherPool(2, caller_gathers=True, budget=budget)
-table = np.random.default_rng(1).integers(0, 256, (1 << 16, 264), dtype=np.uint8)
-out = np.empty((2048, 264), dtype=np.uint8)
-counter = np.zeros(1, dtype=np.int64)
-rng = np.random.default_rng()
-last, longest, announced = None, 0.0, False
-while not select.select([sys.stdin], [], [], 0)[0]:
-    ids = rng.integers(0, 1 << 16, 2048)
-    now = time.monotonic()
-    if last is not None:
-        longest = max(longest, now - last)
-    last = now
-    assert pool.gather(table.ctypes.data, 0, 1 << 16, 264, ids.ctypes.data, True, ids.size, out.ctypes.data,
-                       counter.ctypes.data) == 0
-    np.testing.assert_array_equal(out, table[ids])
-    if not announced:
-        print("decoding", flush=True)
-        announced = True
-pool.close()
-print(f"{longest * 1000:.1f}", flush=True)
-"""
+# The decoding peer (gathering_peer.py): a rank of its own gathering 2,048-row jobs back to back
+# until its stdin closes, then printing the longest gap between two of its jobs' starts (ms): a peer
+# descheduled that long (a loaded machine) let the window close, and the spare then rightly gathered.
+PEER = COMMAND
 STALLED_MS = 80  # a peer gap this long comes near the 100 ms window: that run proves nothing
 
 
 def prefilling_rank(fd: int):
     """This process as a rank with a prefill crew on the first CPU and one spare on the second."""
-    own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
-    try:
-        budget = _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
-    finally:
-        os.close(own)
+    budget = reopened_budget(fd, TOKENS)
     pool = _host_gather.GatherPool(2, budget=budget, cpus=CPUS)
     assert pool.prefill_spares == (1, [CPUS[1]]), pool.prefill_spares
     return budget, pool
@@ -101,10 +70,10 @@ def beside_a_decoding_peer(fd: int, pool, budget, until, what: str) -> tuple[int
     """Prefill gathers beside the decoding peer until ``until()`` holds (60 s at most): the spare's
     blocks gathered meanwhile, and the peer's longest gap between two decode jobs (ms)."""
     prefill = Prefill(pool)
-    proc = subprocess.Popen([sys.executable, "-c", PEER, str(fd), str(TOKENS), str(budget_file.MAX_SLOTS)],
+    proc = subprocess.Popen([*PEER, str(fd), str(TOKENS), str(budget_file.MAX_SLOTS), "2", "2048"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
     try:
-        assert proc.stdout.readline().strip() == "decoding"
+        int(proc.stdout.readline())  # its slot: it has gathered
         wait_for(lambda: budget.group_state()["decoding"], "the group's decode_at to say a rank decodes", 30)
         blocks_before = pool.spare_counts[0]
 

@@ -16,12 +16,12 @@ import mmap
 import os
 import struct
 import subprocess
-import sys
 
 import numpy as np
 
 from engram_client.core import budget_file
 from engram_client.lookup.host import _host_gather
+from gathering_peer import COMMAND, reopened_budget
 from test_host_gather import gather
 from waiting import wait_for
 
@@ -30,38 +30,14 @@ WANT_MASK_AT = budget_file.GROUPS_AT + 3 * 8  # NbGroup: lock, lock_count, break
 HOLDING_MASK_AT = WANT_MASK_AT + 2 * 8
 HELD_IN_SLOT = 16  # NbSlot: seq, sleepers, want, want_small, held
 
-# The peer: a rank of its own (another process, another slot) gathering 65,536-row jobs with ten
-# workers on the same budget until its stdin closes: more than the TOKENS - DECODE it may hold, so
-# it wants tokens most of the time.
-PEER = """
-import os, sys
-import numpy as np
-from engram_client.lookup.host import _host_gather
-own = os.open(f"/proc/self/fd/{sys.argv[1]}", os.O_RDWR)  # its own open file description, as a rank's
-budget = _host_gather.NodeBudget(own, 0, int(sys.argv[2]), int(sys.argv[3]))
-os.close(own)
-pool = _host_gather.GatherPool(10, caller_gathers=True, budget=budget)
-table = np.random.default_rng(1).integers(0, 256, (1 << 16, 264), dtype=np.uint8)
-out = np.empty((65536, 264), dtype=np.uint8)
-counter = np.zeros(1, dtype=np.int64)
-print(budget.slot, flush=True)
-import select
-while not select.select([sys.stdin], [], [], 0)[0]:
-    ids = np.random.default_rng().integers(0, 1 << 16, 65536)
-    assert pool.gather(table.ctypes.data, 0, 1 << 16, 264, ids.ctypes.data, True, ids.size, out.ctypes.data,
-                       counter.ctypes.data) == 0
-pool.close()
-"""
+# The peer (gathering_peer.py): a rank of its own (another process, another slot) gathering
+# 65,536-row jobs with ten workers on the same budget until its stdin closes: more than the
+# TOKENS - DECODE it may hold, so it wants tokens most of the time.
+PEER = COMMAND
 
 
 def rank_budget(fd: int):
-    """This process's seat on the budget behind ``fd``, through an open file description of its own
-    (its locks), as a rank reopens the descriptor the daemon hands it."""
-    own = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
-    try:
-        return _host_gather.NodeBudget(own, 0, TOKENS, budget_file.MAX_SLOTS)
-    finally:
-        os.close(own)
+    return reopened_budget(fd, TOKENS)
 
 
 def decode_jobs(fd: int, calls: int, peer: bool) -> tuple[int, int, int]:
@@ -72,7 +48,7 @@ def decode_jobs(fd: int, calls: int, peer: bool) -> tuple[int, int, int]:
     proc = None
     try:
         if peer:
-            proc = subprocess.Popen([sys.executable, "-c", PEER, str(fd), str(TOKENS), str(budget_file.MAX_SLOTS)],
+            proc = subprocess.Popen([*PEER, str(fd), str(TOKENS), str(budget_file.MAX_SLOTS), "10", "65536"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
             peer_slot = int(proc.stdout.readline())
         table = np.random.default_rng(0).integers(0, 256, (ROWS, ROW_BYTES), dtype=np.uint8)
