@@ -11,7 +11,8 @@ process on the same sealed memfd budget decodes (2,048-row gathers back to back)
 decode_at is the only thing the two share.  The pool's spare counts say what the spare did:
 under the quiet rule it gathers nothing while the peer decodes and stands aside instead; under
 the idle rule (the control) it gathers beside the peer; with the peer gone it gathers again.  A
-peer that writes a time ahead of the machine's clock keeps no spare aside.  Every row is checked.
+peer that writes a time ahead of the machine's clock keeps no spare aside; one that writes the
+present over and over keeps them aside and costs the prefill nothing else.  Every row is checked.
 No timing asserts: the window (100 ms) is waited out, never measured.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import mmap
 import os
 import struct
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -157,6 +159,39 @@ def test_a_decode_time_ahead_of_the_clock_keeps_no_spare_aside():
             struct.pack_into("<q", mapped, at, time.monotonic_ns())  # the present: a rank decodes
             assert budget.group_state()["decoding"]
         finally:
+            mapped.close()
+            pool.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_peer_claiming_to_decode_forever_costs_a_prefill_its_spares_and_nothing_more():
+    """A peer that writes the present into decode_at over and over (here a thread of this process
+    writing the shared memory as a peer process would) keeps the spares aside for as long as it
+    writes; the prefill still gathers every row exactly on the crew's own tokens, with no overdraft."""
+    fd = budget_file.create([TOKENS], decode=[DECODE_TOKENS], flags=budget_file.FLAG_SPARES_QUIET)
+    try:
+        budget, pool = prefilling_rank(fd)
+        mapped = mmap.mmap(fd, budget_file.FILE_BYTES)
+        stop = threading.Event()
+
+        def claim_decoding() -> None:
+            while not stop.wait(0.002):
+                struct.pack_into("<q", mapped, budget_file.GROUPS_AT + budget_file.GROUP_DECODE_AT, time.monotonic_ns())
+        claimer = threading.Thread(target=claim_decoding, daemon=True)
+        try:
+            claimer.start()
+            wait_for(lambda: budget.group_state()["decoding"], "the claimed decoding to show in the group", 30)
+            prefill, asides = Prefill(pool), pool.spare_counts[1]
+            wait_for(lambda: prefill() or pool.spare_counts[1] > asides, "the spare to stand aside for the claim", 60)
+            blocks, rows = pool.spare_counts[0], budget.stats()["rows"]
+            for _ in range(5):
+                prefill()
+            assert pool.spare_counts[0] == blocks  # the spare took nothing while the claim stood
+            assert budget.stats()["rows"] - rows == 5 * PREFILL_ROWS and budget.stats()["overdraft"] == 0
+        finally:
+            stop.set()
+            claimer.join(timeout=5)
             mapped.close()
             pool.close()
     finally:
