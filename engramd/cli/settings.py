@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 import click
 from click.core import ParameterSource
 
-from engram_client.core.budget_file import DECODE_SPARES, PREFILL_GATHERS
+from engram_client.core.budget_file import DECODE_QUIET_NS, DECODE_SPARES, PREFILL_GATHERS
 from engram_client.core.demo_rows import DEMO_VOCAB_SIZE
 from engram_client.core.variables import CONFIG, PREFIX, READERS, setting_variable
 
@@ -126,7 +126,8 @@ SETTINGS = [
             metavar="auto|N", field="decode_cpus"),
     Setting("decode_spares", click.Choice(sorted(DECODE_SPARES)), DEFAULTS["decode_spares"],
             "Threads at SCHED_IDLE on the decode CPUs that gather prefill-size calls while those CPUs are otherwise "
-            "free: quiet, only while no rank of the node has started a decode-size lookup in the last 100 ms; idle, "
+            "free: quiet, only while no rank of their budget group (NUMA node) has started a decode-size lookup in "
+            f"the last {DECODE_QUIET_NS // 10**6} ms; idle, "
             "beside decode calls too; off leaves the decode CPUs to decode-size calls alone.", field="decode_spares"),
     Setting("hot_rows", click.Path(dir_okay=False), None, "A hot-row list (engramd hot-rows build) for the ranks' HBM "
             "row cache; it must fit the table, else the first load fails (a reload serves without it).",

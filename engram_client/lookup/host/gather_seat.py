@@ -157,7 +157,7 @@ class GatherSeat:
         if threads:
             there = f"{_n(spares, 'spare')} at SCHED_IDLE there" if spares else "no spares there (--decode-spares off)"
             if spares and self.budget.spares_quiet:
-                there += ", standing aside while a rank of the node decodes (--decode-spares quiet)"
+                there += ", standing aside while a rank of the group decodes (--decode-spares quiet)"
             return (f"; {_n(decode, 'token')} of the group kept for decode-size calls (--decode-cpus): its "
                     f"prefill-size calls are gathered by {_n(threads, 'thread')} kept off the decode CPUs "
                     f"{format_cpus(cpus)}, with {there}")

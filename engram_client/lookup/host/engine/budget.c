@@ -105,7 +105,8 @@ int nb_stalled_crew(const NodeBudget *b, int64_t now) {
 void nb_note_decode(NodeBudget *b, int64_t now) {
     _Atomic int64_t *at = &b->g->decode_at;
     int64_t seen = atomic_load_explicit(at, memory_order_relaxed);
-    if (now - seen >= NB_DECODE_STAMP_NS || seen > now) atomic_store_explicit(at, now, memory_order_relaxed);
+    /* Tested in this order so that no subtraction overflows on a value a peer wrote. */
+    if (seen <= 0 || seen > now || now - seen >= NB_DECODE_STAMP_NS) atomic_store_explicit(at, now, memory_order_relaxed);
 }
 
 /* Whether a rank of the group started a decode-size job in the last NB_DECODE_QUIET_NS (the spares of

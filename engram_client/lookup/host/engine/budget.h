@@ -144,6 +144,8 @@ typedef struct {
 _Static_assert(sizeof(NbGrant) == 32, "grant record is 32 bytes");
 _Static_assert(sizeof(NbSlot) <= NB_SLOT_BYTES, "slot record too large");
 _Static_assert(sizeof(NbGroup) <= NB_GROUP_BYTES, "group record too large");
+_Static_assert(offsetof(NbGroup, decode_at) == 88, "decode_at where budget_file.py and older ranks expect it");
+_Static_assert(offsetof(NbGroup, owner) == 256, "owner hints where every rank of version 1 expects them");
 
 typedef struct NodeBudget {
     uint8_t *map;

@@ -83,14 +83,13 @@ static int spare_stands_aside_now(const NodeBudget *b, int64_t *decode_seen) {
     return spare_stands_aside(b);
 }
 
-/* A spare that stands aside sleeps on its list until a new prefill job is listed, the decode window
- * would have closed, or the crew is called off (a timed wait: the window is the longest it sleeps). */
-static void spare_sleep(Pool *pool, JobList *list) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);  /* the list's condition variable keeps the default clock */
-    until.tv_nsec += NB_DECODE_QUIET_NS % 1000000000;
-    until.tv_sec += NB_DECODE_QUIET_NS / 1000000000 + until.tv_nsec / 1000000000;
-    until.tv_nsec %= 1000000000;
+/* A spare that stands aside sleeps on its list until the group's decode window closes (the latest
+ * stamp's, read now: NB_DECODE_QUIET_NS at most), a new prefill job is listed, or the crew is called
+ * off.  Its condition variable waits on CLOCK_MONOTONIC (pool_type.c), the clock of the stamps. */
+static void spare_sleep(Pool *pool, const NodeBudget *b, JobList *list) {
+    int64_t now = now_ns(), at = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
+    int64_t wake = at > 0 && at <= now && now - at < NB_DECODE_QUIET_NS ? at + NB_DECODE_QUIET_NS : now;
+    struct timespec until = {wake / 1000000000, wake % 1000000000};
     atomic_fetch_add(&pool->spare_asides, 1);
     pthread_mutex_lock(&pool->lock);
     if (!thread_quits(pool, 2)) {
@@ -143,7 +142,7 @@ void *budget_worker_main(Pool *pool, int crew) {
             } else if (crew == 2) {
                 decode_seen = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
                 if (spare_stands_aside(b)) {
-                    spare_sleep(pool, list);
+                    spare_sleep(pool, b, list);
                     continue;
                 }
                 tok = NB_SPARE;  /* a spare gathers without a token, at SCHED_IDLE (crew.c) */

@@ -72,7 +72,8 @@ struct Pool {
     atomic_int refs;               /* the Python object and every StagedJob */
     atomic_llong jobs_run;
     atomic_llong wakes_in_part, left_asleep, prewakes_skipped;  /* what pool_wake_workers held back (wake_counts) */
-    atomic_llong spare_blocks, spare_asides;  /* blocks the crew's spares gathered, and times they stood aside */
+    atomic_llong spare_blocks, spare_asides;  /* blocks the crew's spares gathered, and the times one woke (or
+                                                 left a job) to find a rank decoding and went to sleep */
     RowCounts counts;              /* what its jobs' rows came to (gather_block) */
     pthread_t *threads;
     SignalSet *_Atomic signals;    /* the stream signals this pool answers; NULL until the first */

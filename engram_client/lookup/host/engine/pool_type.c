@@ -121,7 +121,11 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     pthread_mutex_init(&pool->lock, NULL);
-    for (int l = 0; l < 2; l++) pthread_cond_init(&pool->lists[l].wake, NULL);
+    pthread_condattr_t monotonic;  /* timed waits on the lists (a spare's, budget_pool.c) ignore wall-clock steps */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    for (int l = 0; l < 2; l++) pthread_cond_init(&pool->lists[l].wake, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     pool->threads_asked = threads, pool->pinned = pinned, pool->pin = pin;
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();
@@ -263,8 +267,8 @@ static PyGetSetDef pool_getset[] = {
      "(listings, left asleep, pre-wakes): decode-size jobs listed that woke only some sleeping workers, the workers "
      "they left asleep, and pre-wakes that woke nobody (on a budget others want tokens of)", NULL},
     {"spare_counts", (getter)pool_get_spare_counts, NULL,
-     "(blocks, stood aside): blocks the prefill crew's spares gathered, and the times one stood aside for a "
-     "rank's decode (--decode-spares quiet)", NULL},
+     "(blocks, stood aside): blocks the prefill crew's spares gathered, and the times one woke for prefill work "
+     "(or left a job) to find a rank of its group decoding, and slept instead (--decode-spares quiet)", NULL},
     {"cache_counts", (getter)pool_get_cache_counts, NULL,
      "(hits, misses, fetched): ids the HBM cache served and missed; rows read from the table", NULL},
     {"caller_gathers", (getter)pool_get_caller_gathers, NULL,
