@@ -42,7 +42,7 @@ def rank_budget(fd: int):
 
 def decode_jobs(fd: int, calls: int, peer: bool) -> tuple[int, int, int]:
     """This process's wake counts after ``calls`` decode-size gathers (with the peer: until a
-    listing held workers back, at most 60 s of them), every row checked."""
+    listing held workers back and a pre-wake woke nobody, at most 60 s of them), every row checked."""
     budget = rank_budget(fd)
     pool = _host_gather.GatherPool(WORKERS, caller_gathers=True, budget=budget)
     proc = None
@@ -61,9 +61,11 @@ def decode_jobs(fd: int, calls: int, peer: bool) -> tuple[int, int, int]:
                 out, bad, _ = gather(pool, table, ids, row_hi=ROWS, row_bytes=ROW_BYTES)
                 assert bad == 0
                 np.testing.assert_array_equal(out, table[ids])
-            return pool.wake_counts[0] > 0
+            listings, _, prewakes = pool.wake_counts
+            return listings > 0 and prewakes > 0
         if peer:
-            wait_for(decode_calls, "a decode-size listing that left workers asleep beside the prefilling peer", 60)
+            wait_for(decode_calls, "a decode-size listing that left workers asleep and a pre-wake that woke "
+                     "nobody, beside the prefilling peer", 60)
             assert peer_slot != budget.slot  # two ranks (a slot is claimed at the first token)
         else:
             decode_calls()
