@@ -46,6 +46,8 @@ from .status_report import build_status
 from ..shm.hot_rows_file import attach_view
 from ..shm.table_files import ShmDir, instance_id
 
+LOAD_WIND_DOWN_S = 2.0  # a reload waits this long for a finished load's thread to clean up, then is refused
+
 log = logging.getLogger("engramd")
 
 
@@ -65,6 +67,7 @@ class Daemon:
         self._cancel_load = threading.Event()
         self._lock = threading.Lock()
         self._load_thread: threading.Thread | None = None
+        self._loading: Generation | None = None  # the generation the load thread loads (or loaded last)
         self._on_state_change = on_state_change or (lambda state: None)
         self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if config.gid is not None else 0o600,
                           config.gid)
@@ -134,6 +137,7 @@ class Daemon:
                 self.current = generation
         job = LoadJob(generation, self.config, self.shm, self.metrics, self._cancel_load, on_ready=self._finish,
                       on_failed=self._load_failed, may_adopt=first)
+        self._loading = generation
         self._load_thread = threading.Thread(target=job.run, name=f"engramd-load-g{generation.number}", daemon=True)
         self._load_thread.start()
 
@@ -182,7 +186,13 @@ class Daemon:
         """Load generation g+1 beside the served one; it takes over once complete."""
         if self.stopping:
             raise NotReadyError("the daemon is stopping")
-        if self._load_thread is not None and self._load_thread.is_alive():
+        loading = self._load_thread
+        if loading is not None and loading.is_alive() and self._loading is not None and \
+                self._loading.state in (READY, FAILED):
+            # Its end is already in status; the thread only cleans up (a half-written file removed, the
+            # source closed): a client that read "failed" and reloads at once is not refused for that.
+            loading.join(timeout=LOAD_WIND_DOWN_S)
+        if loading is not None and loading.is_alive():
             raise NotReadyError("a load is already in progress; wait for it (see status) before reloading")
         source = allowed_checkpoint(checkpoint, self.config.reload_roots) if checkpoint is not None else \
             self.current.checkpoint
