@@ -27,7 +27,7 @@ import time
 from typing import Callable
 
 from engram_client.core.errors import EngramError, TableFileError
-from engram_client.core.protocol import FAILED
+from engram_client.core.protocol import FAILED, READY
 from engram_client.core.table_file import TableHeader, read_header
 
 from ..guards.checkpoint_files import checkpoint_root
@@ -48,6 +48,9 @@ log = logging.getLogger("engramd")
 def _same(found: TableHeader, wanted: TableHeader) -> bool:
     return found.fingerprint == wanted.fingerprint and found.hashing == wanted.hashing and \
         [e.layout for e in found.layers] == [e.layout for e in wanted.layers]
+
+
+LOAD_WIND_DOWN_S = 2.0  # a finished load's thread gets this long to clean up before a reload is refused
 
 
 class LoadJob:
@@ -237,3 +240,19 @@ class LoadJob:
                 unfinished.abandon()
             if source is not None:
                 source.close()
+
+
+class LoadThread(threading.Thread):
+    """The thread that runs one LoadJob, and whether a new load must wait for it."""
+
+    def __init__(self, job: LoadJob):
+        super().__init__(target=job.run, name=f"engramd-load-g{job.generation.number}", daemon=True)
+        self.generation = job.generation
+
+    def busy(self) -> bool:
+        """Whether it still runs.  Once its generation has ended (status says ready or failed) it only
+        cleans up (a half-written file removed, the source closed): a client that read that end and
+        reloads at once waits up to LOAD_WIND_DOWN_S for it rather than being refused as in progress."""
+        if self.is_alive() and self.generation.state in (READY, FAILED):
+            self.join(timeout=LOAD_WIND_DOWN_S)
+        return self.is_alive()

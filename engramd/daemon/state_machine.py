@@ -38,15 +38,13 @@ from .daemon_exit import LOAD_STOP_S
 from .generation import Generation
 from ..guards.lease_limits import STATUS_CLIENTS, Holder
 from .leases import LeaseRegistry
-from .load_job import LoadJob
+from .load_job import LoadJob, LoadThread
 from ..reporting.metrics import NoMetrics
 from .served_record import prepare_record, write_record
 from .start_checkpoint import allowed_checkpoint, first_checkpoint
 from .status_report import build_status
 from ..shm.hot_rows_file import attach_view
 from ..shm.table_files import ShmDir, instance_id
-
-LOAD_WIND_DOWN_S = 2.0  # a reload waits this long for a finished load's thread to clean up, then is refused
 
 log = logging.getLogger("engramd")
 
@@ -66,8 +64,7 @@ class Daemon:
         self._last_number = 0
         self._cancel_load = threading.Event()
         self._lock = threading.Lock()
-        self._load_thread: threading.Thread | None = None
-        self._loading: Generation | None = None  # the generation the load thread loads (or loaded last)
+        self._load_thread: LoadThread | None = None
         self._on_state_change = on_state_change or (lambda state: None)
         self.shm = ShmDir(config.shm_dir, instance_id(config.endpoint), 0o640 if config.gid is not None else 0o600,
                           config.gid)
@@ -137,8 +134,7 @@ class Daemon:
                 self.current = generation
         job = LoadJob(generation, self.config, self.shm, self.metrics, self._cancel_load, on_ready=self._finish,
                       on_failed=self._load_failed, may_adopt=first)
-        self._loading = generation
-        self._load_thread = threading.Thread(target=job.run, name=f"engramd-load-g{generation.number}", daemon=True)
+        self._load_thread = LoadThread(job)
         self._load_thread.start()
 
     def _finish(self, generation: Generation) -> None:
@@ -186,13 +182,7 @@ class Daemon:
         """Load generation g+1 beside the served one; it takes over once complete."""
         if self.stopping:
             raise NotReadyError("the daemon is stopping")
-        loading = self._load_thread
-        if loading is not None and loading.is_alive() and self._loading is not None and \
-                self._loading.state in (READY, FAILED):
-            # Its end is already in status; the thread only cleans up (a half-written file removed, the
-            # source closed): a client that read "failed" and reloads at once is not refused for that.
-            loading.join(timeout=LOAD_WIND_DOWN_S)
-        if loading is not None and loading.is_alive():
+        if self._load_thread is not None and self._load_thread.busy():
             raise NotReadyError("a load is already in progress; wait for it (see status) before reloading")
         source = allowed_checkpoint(checkpoint, self.config.reload_roots) if checkpoint is not None else \
             self.current.checkpoint
