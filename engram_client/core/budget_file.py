@@ -54,7 +54,7 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 def decoding_lately(decode_at: int, now_ns: int) -> bool:
-    """The C rule (nb_decoding_lately, engine/budget.c) for the daemon's status: a rank of the group
+    """The C rule (nb_decode_window_end, engine/budget.c) for the daemon's status: a rank of the group
     started a decode-size job less than DECODE_QUIET_NS ago (a time ahead of ``now_ns`` is no rank's)."""
     return 0 < decode_at <= now_ns and now_ns - decode_at < DECODE_QUIET_NS
 

@@ -109,15 +109,15 @@ void nb_note_decode(NodeBudget *b, int64_t now) {
     if (seen <= 0 || seen > now || now - seen >= NB_DECODE_STAMP_NS) atomic_store_explicit(at, now, memory_order_relaxed);
 }
 
-/* Whether a rank of the group started a decode-size job in the last NB_DECODE_QUIET_NS (the spares of
- * --decode-spares quiet stand aside while it has).  Every rank reads the one CLOCK_MONOTONIC of the
- * machine.  A time ahead of ours is no rank's (a rank in a time namespace with another offset, or a
- * peer writing the field): it counts as no decoding, so it cannot keep the spares off for good; a
- * peer that writes the present over and over keeps them off, which costs the node what
- * --decode-spares off costs and nothing more. */
-int nb_decoding_lately(const NodeBudget *b, int64_t now) {
+/* While a rank of the group has started a decode-size job in the last NB_DECODE_QUIET_NS (the spares
+ * of --decode-spares quiet stand aside meanwhile): when that window closes; 0 when it is closed.
+ * Every rank reads the one CLOCK_MONOTONIC of the machine.  A time ahead of ours is no rank's (a rank
+ * in a time namespace with another offset, or a peer writing the field): it counts as no decoding,
+ * so it cannot keep the spares off for good; a peer that writes the present over and over keeps
+ * them off, which costs the node what --decode-spares off costs and nothing more. */
+int64_t nb_decode_window_end(const NodeBudget *b, int64_t now) {
     int64_t at = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
-    return at > 0 && at <= now && now - at < NB_DECODE_QUIET_NS;
+    return at > 0 && at <= now && now - at < NB_DECODE_QUIET_NS ? at + NB_DECODE_QUIET_NS : 0;
 }
 
 /* Whether this slot may take a free token now (lock held). */

@@ -201,7 +201,7 @@ uint64_t nb_others_wanting(const NodeBudget *b);  /* want bits of the group's ot
 int nb_fair(const NodeBudget *b);
 int nb_stalled_crew(const NodeBudget *b, int64_t now);
 void nb_note_decode(NodeBudget *b, int64_t now);
-int nb_decoding_lately(const NodeBudget *b, int64_t now);
+int64_t nb_decode_window_end(const NodeBudget *b, int64_t now);  /* 0: no rank of the group decodes lately */
 int nb_eligible(const NodeBudget *b, int small, int uncontended_only);
 int nb_next_waiter(const NodeBudget *b);
 void nb_wake_slot(NodeBudget *b, int s);

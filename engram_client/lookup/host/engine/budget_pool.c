@@ -71,7 +71,7 @@ static inline int thread_quits(Pool *pool, int crew) {  /* the pool closes, or (
  * The window outlasts a decode step, so they stay aside through a rank's whole decode, and come
  * back for a node that only prefills, where they add their CPUs to its rate. */
 static int spare_stands_aside(const NodeBudget *b) {
-    return (b->flags & NB_FLAG_SPARES_QUIET) && nb_decoding_lately(b, now_ns());
+    return (b->flags & NB_FLAG_SPARES_QUIET) && nb_decode_window_end(b, now_ns()) != 0;
 }
 
 /* The same at a block boundary of a spare that is gathering (so the group was not decoding when it
@@ -87,8 +87,7 @@ static int spare_stands_aside_now(const NodeBudget *b, int64_t *decode_seen) {
  * stamp's, read now: NB_DECODE_QUIET_NS at most), a new prefill job is listed, or the crew is called
  * off.  Its condition variable waits on CLOCK_MONOTONIC (pool_type.c), the clock of the stamps. */
 static void spare_sleep(Pool *pool, const NodeBudget *b, JobList *list) {
-    int64_t now = now_ns(), at = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
-    int64_t wake = at > 0 && at <= now && now - at < NB_DECODE_QUIET_NS ? at + NB_DECODE_QUIET_NS : now;
+    int64_t now = now_ns(), end = nb_decode_window_end(b, now), wake = end ? end : now;
     struct timespec until = {wake / 1000000000, wake % 1000000000};
     atomic_fetch_add(&pool->spare_asides, 1);
     pthread_mutex_lock(&pool->lock);

@@ -78,7 +78,7 @@ static PyObject *budget_group_state(NodeBudgetObject *self, PyObject *unused) {
     NB_ITEM(d, "sweeps", PyLong_FromUnsignedLongLong(atomic_load(&g->sweeps)));
     NB_ITEM(d, "breaks", PyLong_FromUnsignedLongLong(atomic_load(&g->breaks)));
     NB_ITEM(d, "decode_at", PyLong_FromLongLong(atomic_load(&g->decode_at)));
-    NB_ITEM(d, "decoding", PyLong_FromLong(nb_decoding_lately(b, now_ns())));
+    NB_ITEM(d, "decoding", PyBool_FromLong(nb_decode_window_end(b, now_ns()) != 0));
     return d;
 }
 
