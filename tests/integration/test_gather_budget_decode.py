@@ -12,13 +12,12 @@ import signal
 import struct
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
 from engram_client.core import budget_file
 from budget_ranks import budget_fd, watcher
+from decode_claim import DecodeClaim
 from waiting import wait_for
 
 PEAK_AT = budget_file.GROUPS_AT + 9 * 8 + 4  # NbGroup: lock .. sweeps (9 words), gathering, peak
@@ -66,21 +65,11 @@ def test_decode_cpus_keep_every_ranks_prefill_off_them_and_off_the_last_token(bu
     state = watcher(daemon).group_state()
     assert state["peak"] == 1, state  # two ranks' crews on two tokens: the one kept for decode never taken
     assert all(r["stats"]["overdraft"] == 0 for r in results), results
-    # Status says whether the quiet spares stand aside now.  A thread here stamps the group's
-    # decode_at as a decoding rank's calls do (the present, every few ms), so that no window is raced.
-    stop = threading.Event()
-
-    def stamp() -> None:
-        while not stop.wait(0.005):
-            struct.pack_into("<q", mapped, budget_file.GROUPS_AT + budget_file.GROUP_DECODE_AT, time.monotonic_ns())
-    stamper = threading.Thread(target=stamp, daemon=True)
-    stamper.start()
-    try:
+    # Status says whether the quiet spares stand aside now, while a decoding rank's stamps are claimed
+    # (every few ms, so that no window is raced).
+    with DecodeClaim(mapped):
         wait_for(lambda: daemon.status()["gather_budget"]["groups"][0]["decoding"], "status to say a rank decodes", 30)
         assert "prefill spares at SCHED_IDLE while no rank decodes: standing aside now, a rank decodes)" in status_text(daemon)
-    finally:
-        stop.set()
-        stamper.join(timeout=5)
     wait_for(lambda: not daemon.status()["gather_budget"]["groups"][0]["decoding"], "the decode window to close", 30)
     assert "prefill spares at SCHED_IDLE while no rank decodes: free to gather now)" in status_text(daemon)
     mapped.close()

@@ -21,7 +21,6 @@ import mmap
 import os
 import struct
 import subprocess
-import threading
 import time
 
 import numpy as np
@@ -29,6 +28,7 @@ import pytest
 
 from engram_client.core import budget_file
 from engram_client.lookup.host import _host_gather
+from decode_claim import DecodeClaim
 from gathering_peer import COMMAND, reopened_budget
 from test_host_gather import gather
 from waiting import wait_for
@@ -67,23 +67,25 @@ class Prefill:
         assert bad == 0
         np.testing.assert_array_equal(out, self.table[ids])
 
+    def until(self, done, what: str) -> None:
+        """Prefill calls, one after another, until ``done()`` holds (60 s at most)."""
+        def prefilled() -> bool:
+            self()
+            return done()
+        wait_for(prefilled, what, 60)
+
 
 def beside_a_decoding_peer(fd: int, pool, budget, until, what: str) -> tuple[int, float]:
     """Prefill gathers beside the decoding peer until ``until()`` holds (60 s at most): the spare's
     blocks gathered meanwhile, and the peer's longest gap between two decode jobs or since its last
     one when the blocks were counted (ms)."""
-    prefill = Prefill(pool)
     proc = subprocess.Popen([*PEER, str(fd), str(TOKENS), str(budget_file.MAX_SLOTS), "2", "2048"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
     try:
         int(proc.stdout.readline())  # its slot: it has gathered
         wait_for(lambda: budget.group_state()["decoding"], "the group's decode_at to say a rank decodes", 30)
         blocks_before = pool.spare_counts[0]
-
-        def prefilled() -> bool:
-            prefill()
-            return until()
-        wait_for(prefilled, what, 60)
+        Prefill(pool).until(until, what)
         blocks = pool.spare_counts[0] - blocks_before
         since_last_ms = (time.monotonic_ns() - budget.group_state()["decode_at"]) / 1e6
     finally:
@@ -110,12 +112,9 @@ def test_quiet_spares_stand_aside_while_a_peer_decodes_and_gather_once_it_stops(
             assert blocks == 0, f"the spare gathered {blocks} prefill blocks while a rank decoded"
             # The peer is gone: once the window has passed, the spare gathers the crew's jobs again.
             wait_for(lambda: not budget.group_state()["decoding"], "the decode window to close", 30)
-            prefill, before = Prefill(pool), pool.spare_counts[0]
-
-            def spare_gathered() -> bool:
-                prefill()
-                return pool.spare_counts[0] > before
-            wait_for(spare_gathered, "the spare to gather prefill blocks with no rank decoding", 60)
+            before = pool.spare_counts[0]
+            Prefill(pool).until(lambda: pool.spare_counts[0] > before,
+                                "the spare to gather prefill blocks with no rank decoding")
             assert not budget.group_state()["decoding"]
         finally:
             pool.close()
@@ -151,12 +150,9 @@ def test_a_decode_time_ahead_of_the_clock_keeps_no_spare_aside():
             at = budget_file.GROUPS_AT + budget_file.GROUP_DECODE_AT
             struct.pack_into("<q", mapped, at, time.monotonic_ns() + 3600 * 10**9)
             assert not budget.group_state()["decoding"]
-            prefill, before = Prefill(pool), pool.spare_counts[0]
-
-            def spare_gathered() -> bool:
-                prefill()
-                return pool.spare_counts[0] > before
-            wait_for(spare_gathered, "the spare to gather beside a decode time from the future", 60)
+            before = pool.spare_counts[0]
+            Prefill(pool).until(lambda: pool.spare_counts[0] > before,
+                                "the spare to gather beside a decode time from the future")
             assert pool.spare_counts[1] == 0
             def stamped_now() -> bool:  # the present: a rank decodes (stamped again if this thread stalled)
                 struct.pack_into("<q", mapped, at, time.monotonic_ns())
@@ -194,27 +190,14 @@ def test_a_peer_claiming_to_decode_forever_costs_a_prefill_its_spares_and_nothin
 
 
 def claimed_decoding(budget, pool, mapped) -> tuple[int, float]:
-    """Five prefill calls while a thread stamps decode_at every 2 ms (after the spare has stood aside
-    once): the spare's blocks meanwhile, and the thread's longest gap between two stamps (ms)."""
-    stop, gaps = threading.Event(), [0.0]
-
-    def claim() -> None:
-        last = time.monotonic()
-        while not stop.wait(0.002):
-            struct.pack_into("<q", mapped, budget_file.GROUPS_AT + budget_file.GROUP_DECODE_AT, time.monotonic_ns())
-            now = time.monotonic()
-            gaps[0], last = max(gaps[0], now - last), now
-    claimer = threading.Thread(target=claim, daemon=True)
-    claimer.start()
-    try:
+    """Five prefill calls while decoding is claimed (after the spare has stood aside once): the
+    spare's blocks meanwhile, and the longest pause between two stamps of the claim (ms)."""
+    with DecodeClaim(mapped) as claim:
         wait_for(lambda: budget.group_state()["decoding"], "the claimed decoding to show in the group", 30)
         prefill, asides = Prefill(pool), pool.spare_counts[1]
-        wait_for(lambda: prefill() or pool.spare_counts[1] > asides, "the spare to stand aside for the claim", 60)
+        prefill.until(lambda: pool.spare_counts[1] > asides, "the spare to stand aside for the claim")
         blocks = pool.spare_counts[0]
-        gaps[0] = 0.0
+        claim.reset()
         for _ in range(5):
             prefill()
-        return pool.spare_counts[0] - blocks, gaps[0] * 1000
-    finally:
-        stop.set()
-        claimer.join(timeout=5)
+        return pool.spare_counts[0] - blocks, claim.longest_gap_ms
