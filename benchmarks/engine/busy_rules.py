@@ -1,6 +1,6 @@
 """A decoding rank beside prefilling neighbours under every rule the daemon offers, in one session.
 
-    python -m benchmarks.engine.busy_rules [--rules default,spares-idle,decode-0,decode-2,decode-6,spares-off,idle]
+    python -m benchmarks.engine.busy_rules [--rules default,spares-idle,decode-0,decode-2,decode-4,spares-off,idle]
         [--table-gib 16] [--decode-steps 35] [--rounds 3] [--busy-neighbours 3] [--json out.json]
 
 For each rule it runs ``python -m benchmarks.engine.e2e`` on the 2048 x 16 model with its own
@@ -27,7 +27,7 @@ RULES = {  # name -> the daemon's serve options
     "spares-idle": "--decode-spares idle",   # the default before quiet spares: they gather beside decodes too
     "decode-0": "--decode-cpus 0",           # the budget before decode CPUs
     "decode-2": "--decode-cpus 2",           # the default before one per 4 tokens
-    "decode-6": "--decode-cpus 6",           # the operator's row for a time-per-token target (of 15 tokens)
+    "decode-4": "--decode-cpus 4",           # the default before two per 5 tokens (one per 4: 4 of 15)
     "spares-off": "--decode-spares off",
     "idle": "--prefill-gathers idle",
 }

@@ -122,7 +122,7 @@ SETTINGS = [
             "normal priority wants the CPU (docs/BENCHMARKS.md).", field="prefill_gathers"),
     Setting("decode_cpus", str, DEFAULTS["decode_cpus"], "CPUs of each budget group (its last ones) where no "
             "prefill-size gather of normal priority runs, and as many tokens kept for decode-size lookups: a number, "
-            "or auto (one per 4 tokens, rounded up, in groups of 4 or more; 0 with --prefill-gathers idle).",
+            "or auto (two per 5 tokens, rounded down, in groups of 4 or more; 0 with --prefill-gathers idle).",
             metavar="auto|N", field="decode_cpus"),
     Setting("decode_spares", click.Choice(sorted(DECODE_SPARES)), DEFAULTS["decode_spares"],
             "Threads at SCHED_IDLE on the decode CPUs that gather prefill-size calls while those CPUs are otherwise "

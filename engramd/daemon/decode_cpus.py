@@ -1,6 +1,6 @@
 """Decode CPUs: the few CPUs of each budget group where no prefill gather of normal priority runs.
 
-    --decode-cpus auto | N      (default auto: one per 4 tokens, rounded up, in a group of 4 or more)
+    --decode-cpus auto | N      (default auto: two per 5 tokens, rounded down, in a group of 4 or more)
 
 A rank's decode-size lookup beside prefilling neighbours waits for a CPU, not for a token: its
 woken workers land on cores where prefill token holders of equal priority gather (docs/history/benchmarks-2026-12.md,
@@ -10,13 +10,16 @@ a crew kept off the group's last D CPUs (engram_client/lookup/host/engine/crew.c
 call finds D idle CPUs and D free tokens at once; its first workers there ask for tokens, and the
 prefill holders elsewhere give theirs back at their next block boundary (small calls first).
 
-Why one per 4: a decode call's workers beyond the decode CPUs queue behind prefill holders of equal
+Why two per 5: a decode call's workers beyond the decode CPUs queue behind prefill holders of equal
 priority, so the decode CPUs are the call's parallelism beside busy neighbours, not only its start.
-On the H200 machine (15 tokens, a decoding rank beside three prefilling ones, docs/BENCHMARKS.md)
-the decode step took 1.02-1.05x its time alone with 4 decode CPUs against 1.06-1.12x with 2 (one
-session each way: 1.045x against 1.058x, a lone 6,144-row lookup's p90 5.7x its p90 alone against
-15.8x), and the neighbours' prefill rows/s stayed at 0.92-0.96x; what prefill loses while nobody decodes is what
-the crew's spares at SCHED_IDLE do not gather there.  A group under 4 tokens keeps none: one
+On the H200 machine (15 tokens, a decoding rank beside three prefilling ones, quiet spares; ten
+runs interleaved in one session, docs/history/benchmarks-2026-12.md, "The busy node: two decode
+CPUs in five") six decode CPUs against four took the decode step from 1.022-1.054x its time alone
+to 1.012-1.029x and a lone 6,144-row lookup's p90 from 1.47-3.94x its p90 alone to 1.07-2.21x
+(medians 2.95x and 1.88x); the neighbours' prefill rows/s (medians) were 0.95x those beside four and
+0.99x those beside none (the budget before decode CPUs).  Quiet spares gather on the decode CPUs while no
+rank decodes, so a node that only prefills loses nothing to them.  Rounded down, small groups keep
+what one per 4 gave them (1 of 4, 2 of 5-7).  A group under 4 tokens keeps none: one
 of 2 or 3 CPUs is too large a share to take from prefill by default (give N to try).  With
 --prefill-gathers idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is
 refused.  --decode-spares off (a flag of the budget's header) starts no spares: the decode CPUs
@@ -26,12 +29,10 @@ writes what this plans.
 """
 from __future__ import annotations
 
-import math
-
 from engram_client.core.errors import ConfigError
 
 AUTO = "auto"
-TOKENS_PER_DECODE_CPU = 4
+DECODE_SHARE = (2, 5)  # decode CPUs per tokens of a group under auto, rounded down
 MIN_TOKENS = 4  # a group of fewer tokens keeps no decode CPU by default
 
 
@@ -49,7 +50,8 @@ def decode_counts(tokens: list[int], spec: str, prefill_gathers: str = "normal")
     if spec == AUTO:
         if prefill_gathers == "idle":
             return [0] * len(tokens)
-        return [math.ceil(t / TOKENS_PER_DECODE_CPU) if t >= MIN_TOKENS else 0 for t in tokens]
+        share, of = DECODE_SHARE
+        return [t * share // of if t >= MIN_TOKENS else 0 for t in tokens]
     count = int(spec)
     if count and prefill_gathers == "idle":
         raise ConfigError(f"--decode-cpus {count} with --prefill-gathers idle: the idle crew already leaves every "

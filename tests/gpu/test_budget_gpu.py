@@ -23,7 +23,7 @@ def test_gpu_ranks_share_the_default_budget_exactly(daemon_factory, prefill_gath
     spec = daemon.wait_state("ready")["gather_budget"]
     tokens, decode = spec["groups"][0]["tokens"], spec["groups"][0]["decode_tokens"]
     assert [decode] == decode_counts([tokens], decode_cpus, prefill_gathers)  # the daemon's plan, as announced
-    assert decode == (0 if decode_cpus == "0" or prefill_gathers == "idle" else 4 if tokens == 15 else decode)
+    assert decode == (0 if decode_cpus == "0" or prefill_gathers == "idle" else 6 if tokens == 15 else decode)
     assert tokens == len(os.sched_getaffinity(0)) - 1  # one GPU here: one core left to the engine
     group = Ranks(daemon.endpoint, [(393216, 6, 0), (6144, 60, 0), (6144, 60, 0), (49152, 12, 0)], device="cuda:0")
     try:

@@ -24,8 +24,8 @@ PREFILL, DECODE = budget_file.SMALL_ROWS + 16384, 6144
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
 
-def test_auto_keeps_one_decode_cpu_per_4_tokens_in_groups_of_4_or_more():
-    assert decode_counts([1, 2, 3, 4, 8, 9, 12, 15, 16, 56], "auto") == [0, 0, 0, 1, 2, 3, 3, 4, 4, 14]
+def test_auto_keeps_two_decode_cpus_per_5_tokens_rounded_down_in_groups_of_4_or_more():
+    assert decode_counts([1, 2, 3, 4, 7, 8, 9, 12, 15, 16, 52], "auto") == [0, 0, 0, 1, 2, 3, 3, 4, 6, 6, 20]
     assert decode_counts([15, 56], "auto", "idle") == [0, 0]  # the idle crew leaves every CPU to decode calls
     assert decode_counts([15, 4], "3") == [3, 3] and decode_counts([2], "0") == [0]
     assert decode_cpus(tuple(range(16)), 2) == [14, 15] and decode_cpus((0, 1), 0) == []
