@@ -12,15 +12,16 @@ prefill holders elsewhere give theirs back at their next block boundary (small c
 
 Why two per 5: a decode call's workers beyond the decode CPUs queue behind prefill holders of equal
 priority, so the decode CPUs are the call's parallelism beside busy neighbours, not only its start.
-On the H200 machine (15 tokens, a decoding rank beside three prefilling ones, quiet spares; ten
-runs interleaved in one session, docs/history/benchmarks-2026-12.md, "The busy node: two decode
-CPUs in five") six decode CPUs against four took the decode step from 1.022-1.054x its time alone
-to 1.012-1.029x and a lone 6,144-row lookup's p90 from 1.47-3.94x its p90 alone to 1.07-2.21x
-(medians 2.95x and 1.88x); the neighbours' prefill rows/s (medians) were 0.95x those beside four and
-0.99x those beside none (the budget before decode CPUs).  Quiet spares gather on the decode CPUs while no
-rank decodes, so a node that only prefills loses nothing to them.  Rounded down, small groups keep
-what one per 4 gave them (1 of 4, 2 of 5-7).  A group under 4 tokens keeps none: one
-of 2 or 3 CPUs is too large a share to take from prefill by default (give N to try).  With
+On the H200 machine (15 tokens, a decoding rank beside three prefilling ones, quiet spares; 14 runs
+interleaved over two sessions, docs/history/benchmarks-2026-12.md, "The busy node: two decode CPUs
+in five") six decode CPUs against four took the decode step from 1.022-1.054x its time alone to
+1.004-1.029x and a lone 6,144-row lookup's p90 from a median 2.99x its p90 alone to 1.90x, while the
+neighbours' prefill kept 0.97x of its rate beside four and, in the session that ran both, 0.99x of
+it beside none (medians).  Quiet spares gather on the decode CPUs while no rank decodes, so a node
+that only prefills keeps their time (one rank alone took as long with six as with four, within that
+machine's run-to-run spread).  Rounded down, small groups keep about what one per 4 gave them (1 of
+4, 2 of 5-7).  A group under 4 tokens keeps none: one of 2 or 3 CPUs is too large a share to take
+from prefill by default (give N to try).  With
 --prefill-gathers idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is
 refused.  --decode-spares off (a flag of the budget's header) starts no spares: the decode CPUs
 then run decode-size gathers alone, and a prefill never waits for a block a spare took while a

@@ -58,13 +58,13 @@ def e2e() -> dict:
     return {"models": {"2048x16": model}, "meta": meta("python -m benchmarks.engine.e2e --busy-neighbours 3")}
 
 
-def ranks() -> dict:
+def ranks(command: str = "python -m benchmarks.node.ranks --ranks 1,4,8") -> dict:
     def case(name, n, node):
         return {"case": name, "ranks": n, "node_Mrows_s": node,
                 "per_rank": [{"median_ms": 6.0 * n / node * 60, "p90_ms": 7.0, "calls": 10, "rows": 393216}] * n}
     budget = [case("393,216", 1, 60.0), case("393,216", 4, 62.0), case("6,144", 8, 20.8)]
     results = {"modes": [{"mode": "budget", "cases": budget}, {"mode": "alone", "cases": [case("393,216", 4, 52.0)]}],
-               "budget_peak": 15, "budget_tokens": 15, "meta": meta("python -m benchmarks.node.ranks --ranks 1,4,8")}
+               "budget_peak": 15, "budget_tokens": 15, "meta": meta(command)}
     results["targets"] = judge(results)
     return results
 
@@ -109,8 +109,9 @@ def test_the_committed_page_opens_with_the_rendering_of_the_committed_results():
 
 
 def test_every_measure_is_a_table_with_its_baseline_ceiling_and_target(tmp_path):
-    text = report.render(write(tmp_path, {"bench": bench(), "e2e": e2e(), "ranks": ranks(), "cache": hot_cache(),
-                                          "load": load_vs_cp(), "attach": attach()}))
+    host = ranks("python -m benchmarks.node.ranks --ranks 1,8 --stage host")  # its own table, after the GPU stage's
+    text = report.render(write(tmp_path, {"bench": bench(), "e2e": e2e(), "ranks_host": host, "ranks": ranks(),
+                                          "cache": hot_cache(), "load": load_vs_cp(), "attach": attach()}))
     titles = [line[4:] for line in text.splitlines() if line.startswith("### ")]
     assert titles == [title for _, measures in report.MEASURES for title, _ in measures]
     assert "| 6,144 uniform ids, GPU-visible | 0.170 ms | 0.280 ms (naive-words) | 0.050 ms | ≤ 0.1 ms | not met |" in text
