@@ -175,7 +175,7 @@ void *budget_worker_main(Pool *pool, int crew) {
             }
         }
         int64_t now = now_ns(), spin = crew ? 0 : atomic_load(&pool->spin_until);
-        if (tok >= 0 && (now < linger_until || now < spin) && !(atomic_load(&b->g->want_mask) & ~b->bit)) {
+        if (tok >= 0 && (now < linger_until || now < spin) && !nb_others_wanting(b)) {
             if (!crew && signals_poll(pool)) continue;  /* a stream armed a job: it is listed now */
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;

@@ -75,7 +75,7 @@ static int nb_pick(NodeBudget *b) {
 /* One attempt: decide under the group's lock, then take the kernel lock. */
 int nb_try(NodeBudget *b, int small, int uncontended_only) {
     if (!nb_usable(b)) return NB_NONE;
-    if (uncontended_only && (atomic_load(&b->g->want_mask) & ~b->bit)) return NB_NONE;
+    if (uncontended_only && nb_others_wanting(b)) return NB_NONE;
     uint64_t key = nb_glock(b);
     int t = nb_eligible(b, small, uncontended_only) ? nb_pick(b) : NB_NONE;
     uint64_t seq = 0;
