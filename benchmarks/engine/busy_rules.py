@@ -1,6 +1,6 @@
 """A decoding rank beside prefilling neighbours under every rule the daemon offers, in one session.
 
-    python -m benchmarks.engine.busy_rules [--rules default,spares-idle,decode-0,decode-2,decode-4,spares-off,idle]
+    python -m benchmarks.engine.busy_rules [--rules default,spares-idle,decode-0,decode-2,decode-4,decode-8,spares-off,idle]
         [--table-gib 16] [--decode-steps 35] [--rounds 3] [--busy-neighbours 3] [--json out.json]
 
 For each rule it runs ``python -m benchmarks.engine.e2e`` on the 2048 x 16 model with its own
@@ -28,6 +28,7 @@ RULES = {  # name -> the daemon's serve options
     "decode-0": "--decode-cpus 0",           # the budget before decode CPUs
     "decode-2": "--decode-cpus 2",           # the default before one per 4 tokens
     "decode-4": "--decode-cpus 4",           # the default before two per 5 tokens (one per 4: 4 of 15)
+    "decode-8": "--decode-cpus 8",           # the operator's row for a tighter decode tail (about half of 15)
     "spares-off": "--decode-spares off",
     "idle": "--prefill-gathers idle",
 }
