@@ -18,15 +18,15 @@ in five") six decode CPUs against four took the decode step from 1.022-1.054x it
 1.004-1.029x and a lone 6,144-row lookup's p90 from a median 2.99x its p90 alone to 1.90x, while the
 neighbours' prefill kept 0.97x of its rate beside four and, in the session that ran both, 0.99x of
 it beside none (medians).  Quiet spares gather on the decode CPUs while no rank decodes, so a node
-that only prefills keeps their time (one rank alone took as long with six as with four, within that
-machine's run-to-run spread).  Rounded down, small groups keep about what one per 4 gave them (1 of
-4, 2 of 5-7).  A group under 4 tokens keeps none: one of 2 or 3 CPUs is too large a share to take
-from prefill by default (give N to try).  With
---prefill-gathers idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is
-refused.  --decode-spares off (a flag of the budget's header) starts no spares: the decode CPUs
-then run decode-size gathers alone, and a prefill never waits for a block a spare took while a
-thread of normal priority had its CPU.  Owns no state: the daemon's budget (gather_budget.py)
-writes what this plans.
+that only prefills keeps their time (one rank alone showed no difference between six and four beyond
+that machine's run-to-run spread).  Rounded down, small groups keep about what one per 4 gave them (1 of
+4, 2 of 5-7, 3 of 8-9: one more than before at 8).  A group under 4 tokens keeps none: one of 2 or 3
+CPUs is too large a share to take from prefill by default (give N to try).  With --prefill-gathers
+idle the crew already leaves every CPU to decode calls: auto is 0 there, and N is refused.
+--decode-spares off (a flag of the budget's header) starts no spares: the decode CPUs then run
+decode-size gathers alone, and a prefill never waits for a block a spare took while a thread of
+normal priority had its CPU.  Owns no state: the daemon's budget (gather_budget.py) writes what this
+plans.
 """
 from __future__ import annotations
 
