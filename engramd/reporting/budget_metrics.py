@@ -32,6 +32,10 @@ def budget_families(status: dict):
                                                       "SCHED_IDLE (--prefill-gathers idle; 0: none)"),
                                   ("stand_ins", "Decode-size calls a client gathered in place of a prefill thread "
                                                 "kept off its CPU holding a token"),
+                                  ("spare_blocks", "Prefill blocks a client's spares at SCHED_IDLE gathered on the "
+                                                   "decode CPUs"),
+                                  ("spare_asides", "Times a client's quiet spares stood aside because a rank of "
+                                                   "their group decodes"),
                                   ("seated", "1 while a client has a seat on the budget, 0 while it gathers beside "
                                              "it (its slots locked, or its memory not to be had)"))}
     for client in status.get("clients", []):
@@ -41,7 +45,8 @@ def budget_families(status: dict):
         labels = [client["id"], "" if client.get("rank") is None else str(client["rank"]), budget.get("cpus", "")]
         for key, field in (("threads", "threads"), ("rows", "rows"), ("wait_seconds", "wait_s"),
                            ("overdrafts", "overdraft"), ("prefill_threads", "prefill_threads"),
-                           ("stand_ins", "stand_ins")):
+                           ("stand_ins", "stand_ins"), ("spare_blocks", "spare_blocks"),
+                           ("spare_asides", "spare_asides")):
             families[key].add_metric(labels, budget.get(field, 0))
         families["seated"].add_metric(labels, int("slot" in budget))
     yield from families.values()

@@ -111,6 +111,9 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
             f"{budget.get('wait_s', 0.0):.3f} s waited for tokens, {_plural(budget.get('yields', 0), 'yield')}, "
             f"{_plural(budget.get('overdraft', 0), 'overdraft')}"
             + (f", {budget['stand_ins']} stand-ins for prefill threads off their CPU" if budget.get("stand_ins") else "")
+            + (f"; spares on the decode CPUs gathered {_plural(budget.get('spare_blocks', 0), 'prefill block')}, "
+               f"stood aside {_plural(budget.get('spare_asides', 0), 'time')}"
+               if budget.get("spare_blocks") or budget.get("spare_asides") else "")
             + (f"; {budget['prefill_threads']} prefill threads at SCHED_IDLE" if budget.get("prefill_threads") else ""))
 
 

@@ -60,6 +60,10 @@ def test_decode_cpus_keep_every_ranks_prefill_off_them_and_off_the_last_token(bu
     group.go()
     slots = [r["slot"] for r in group.ready]
     wait_for(lambda: all(view.slot(s)["rows"] >= 8 * 65536 for s in slots), "both ranks' prefill rows", 180)
+    # What a rank's spare gathered on the idle decode CPU reaches status through its heartbeats (1.9).
+    wait_for(lambda: any((c.get("budget") or {}).get("spare_blocks", 0) >= 1 for c in daemon.status()["clients"]),
+             "a rank's heartbeat to report its spare's prefill blocks", 60)
+    assert "spares on the decode CPUs gathered " in status_text(daemon)
     group.stop()
     results = group.results()
     state = watcher(daemon).group_state()

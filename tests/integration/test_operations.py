@@ -185,5 +185,8 @@ def test_metrics_carry_the_gather_budget_and_each_clients_share(daemon_factory):
         assert m['engramd_gather_budget_held{group="0",node="0"}'] == 0.0
         threads = [v for k, v in m.items() if k.startswith("engramd_client_gather_threads") and client.client_id in k]
         assert threads == [1.0]
+        for name in ("spare_blocks", "spare_asides"):  # one token keeps no decode CPU: no spares, zeros
+            assert [v for k, v in m.items() if k.startswith(f"engramd_client_gather_{name}") and client.client_id in k] \
+                == [0.0], name
     pages = scrape(port)["engramd_table_huge_page_bytes"]
     assert pages == daemon.status()["huge_pages"]["huge_bytes"]

@@ -83,6 +83,23 @@ def test_a_heartbeat_report_carries_stand_ins_only_to_a_daemon_that_knows_them()
         os.close(fd)
 
 
+def test_a_heartbeat_report_carries_the_spares_counts_only_to_a_daemon_that_knows_them():
+    fd = budget_file.create([2], decode=[1], flags=budget_file.FLAG_SPARES_QUIET)
+    try:
+        seat = GatherSeat(2, "words", budget=_host_gather.NodeBudget(fd, 0, 2, budget_file.MAX_SLOTS, decode=1))
+        assert "spare_blocks" not in seat.report((1, 9))  # no pool open yet: nothing to count
+        pool = seat.open_pool()
+        try:
+            assert not {"spare_blocks", "spare_asides"} & set(seat.report((1, 8)))
+            report = seat.report((1, 9))
+            assert (report["spare_blocks"], report["spare_asides"]) == pool.spare_counts
+            assert client_report(report) == report  # a 1.9 daemon takes them
+        finally:
+            pool.close()
+    finally:
+        os.close(fd)
+
+
 def test_the_c_scheduler_and_the_daemon_share_one_layout():
     assert (_host_gather.BUDGET_VERSION, _host_gather.BUDGET_FILE_BYTES, _host_gather.BUDGET_MAX_SLOTS,
             _host_gather.BUDGET_MAX_GROUPS, _host_gather.BUDGET_MAX_TOKENS, _host_gather.BUDGET_FLAG_PREFILL_IDLE,

@@ -118,6 +118,9 @@ class GatherSeat:
             report["prefill_threads"] = self.pool.prefill_crew[0]
         if daemon_version is not None and daemon_version >= (1, 6):
             report["stand_ins"] = sane(stats["stand_ins"])
+        if daemon_version is not None and daemon_version >= (1, 9) and self.pool is not None:
+            blocks, asides = self.pool.spare_counts
+            report["spare_blocks"], report["spare_asides"] = sane(blocks), sane(asides)
         return report
 
     def open_pool(self, signalled: bool = False):
