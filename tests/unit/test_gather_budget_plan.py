@@ -100,6 +100,17 @@ def test_a_heartbeat_report_carries_the_spares_counts_only_to_a_daemon_that_know
         os.close(fd)
 
 
+def test_each_token_changes_hands_about_once_per_20_ms_whatever_the_group():
+    """A rotation hands a token's thread to another process, whose rows start cold: a group of T tokens
+    rotates one per 20 ms / T, and at least every 1 ms (engine/budget.c, nb_quantum_ns)."""
+    for tokens, quantum_ns in ((1, 20_000_000), (4, 5_000_000), (15, 1_333_333), (52, 1_000_000)):
+        fd = budget_file.create([tokens])
+        try:
+            assert _host_gather.NodeBudget(fd, 0, tokens, budget_file.MAX_SLOTS).quantum_ns == quantum_ns, tokens
+        finally:
+            os.close(fd)
+
+
 def test_the_c_scheduler_and_the_daemon_share_one_layout():
     assert (_host_gather.BUDGET_VERSION, _host_gather.BUDGET_FILE_BYTES, _host_gather.BUDGET_MAX_SLOTS,
             _host_gather.BUDGET_MAX_GROUPS, _host_gather.BUDGET_MAX_TOKENS, _host_gather.BUDGET_FLAG_PREFILL_IDLE,

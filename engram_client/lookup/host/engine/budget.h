@@ -36,8 +36,9 @@
  *   - fair: fair = ceil(tokens / active slots); a slot at its fair share takes no token while a slot
  *     below it waits, and one above it yields at a block boundary;
  *   - round robin: among waiting slots, the one served least recently goes first; once per
- *     NB_QUANTUM_NS in the group, one holder yields to a slot holding fewer tokens (so the odd
- *     token of an uneven split goes round without every holder letting go at once).
+ *     quantum in the group (nb_quantum_ns: NB_TOKEN_TURN_NS / tokens, at least NB_QUANTUM_MIN_NS),
+ *     one holder yields to a slot holding fewer tokens (so the odd token of an uneven split goes
+ *     round without every holder letting go at once).
  *   - decode CPUs: where the header names D of a group's tokens for decode-size jobs (engramd
  *     --decode-cpus), a prefill-size job takes no token that would leave fewer than D free, so that
  *     many tokens are always there for a decode call.  Its CPUs go with them: each pool runs its
@@ -88,7 +89,8 @@
 #define NB_GLOCK_BREAK_NS 50000000LL      /* a decision lock not had in this long is taken over, whatever it holds */
 #define NB_GLOCK_BYPASS_NS 1000000000LL  /* ... and the process then decides without it this long */
 #define NB_FOREIGN_NS 10000000LL       /* a token locked outside the hints is skipped this long */
-#define NB_QUANTUM_NS 1000000LL        /* the group rotates one token this often, at most */
+#define NB_TOKEN_TURN_NS 20000000LL    /* each token of a group changes hands about this seldom (nb_quantum_ns) */
+#define NB_QUANTUM_MIN_NS 1000000LL    /* ... but the group rotates one token at least this often while ranks wait */
 #define NB_QUANTUM_MIN_BLOCKS 8
 #define NB_FLOOR_MIN_TOKENS 4          /* from this many tokens a group keeps one for each slot's prefill job */
 #define NB_CREW_STALL_NS 3000000LL      /* a crew thread holding a token, not seen running this long, is off its CPU */
@@ -199,6 +201,7 @@ static inline void nb_gunlock(NodeBudget *b, uint64_t key) { nb_gunlock_group(b-
 int nb_held_total(const NodeBudget *b);
 uint64_t nb_others_wanting(const NodeBudget *b);  /* want bits of the group's other slots (within `slots`) */
 int nb_fair(const NodeBudget *b);
+int64_t nb_quantum_ns(const NodeBudget *b);  /* how often the group rotates one token among waiting slots */
 int nb_stalled_crew(const NodeBudget *b, int64_t now);
 void nb_note_decode(NodeBudget *b, int64_t now);
 int64_t nb_decode_window_end(const NodeBudget *b, int64_t now);  /* 0: no rank of the group decodes lately */

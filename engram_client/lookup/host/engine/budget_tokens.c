@@ -236,6 +236,6 @@ int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
     if (now < at) return 0;
     for (uint64_t m = others; m; m &= m - 1)
         if (atomic_load(&nb_slot(b, __builtin_ctzll(m))->held) < held)  /* round robin: one token per quantum */
-            return atomic_compare_exchange_strong(&g->rotate_at, &at, now + NB_QUANTUM_NS);
+            return atomic_compare_exchange_strong(&g->rotate_at, &at, now + nb_quantum_ns(b));
     return 0;
 }

@@ -139,6 +139,10 @@ static PyObject *budget_get_decode_tokens(NodeBudgetObject *self, void *unused) 
     return PyLong_FromLong(self->b ? self->b->decode : 0);
 }
 
+static PyObject *budget_get_quantum_ns(NodeBudgetObject *self, void *unused) {
+    return PyLong_FromLongLong(self->b ? (long long)nb_quantum_ns(self->b) : 0LL);
+}
+
 static PyObject *budget_get_prefill_idle(NodeBudgetObject *self, void *unused) {
     return PyBool_FromLong(self->b && (self->b->flags & NB_FLAG_PREFILL_IDLE));
 }
@@ -178,6 +182,8 @@ static PyGetSetDef budget_getset[] = {
     {"small_rows", (getter)budget_get_small_rows, NULL, "jobs of at most this many rows go first", NULL},
     {"decode_tokens", (getter)budget_get_decode_tokens, NULL,
      "of the group's tokens, those a prefill-size job never takes (the daemon's --decode-cpus)", NULL},
+    {"quantum_ns", (getter)budget_get_quantum_ns, NULL,
+     "how often the group rotates one token among waiting slots (ns): each token about once per 20 ms", NULL},
     {"prefill_idle", (getter)budget_get_prefill_idle, NULL,
      "whether the daemon asks for prefill-size jobs to be gathered at SCHED_IDLE (--prefill-gathers idle)", NULL},
     {"spares_quiet", (getter)budget_get_spares_quiet, NULL,
