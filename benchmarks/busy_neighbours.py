@@ -62,10 +62,12 @@ def stop_neighbours(procs) -> list[dict]:
 
 def budget_view(status: dict) -> dict:
     """What the daemon's status says of the node's budget after the busy rounds: each group's
-    tokens and the most threads ever gathering at once, each client's waits, overdrafts and stand-ins."""
+    tokens and the most threads ever gathering at once, each client's waits, overdrafts, stand-ins and
+    what its spares gathered on the decode CPUs."""
     budget = status.get("gather_budget") or {}
-    return {"prefill_gathers": budget.get("prefill_gathers"),
+    return {"prefill_gathers": budget.get("prefill_gathers"), "decode_spares": budget.get("decode_spares"),
             "groups": [{k: g.get(k) for k in ("tokens", "decode_tokens", "decode_cpus", "peak_gathering", "grants")}
                        for g in budget.get("groups", [])],
-            "clients": [{k: (c.get("budget") or {}).get(k) for k in ("wait_s", "yields", "overdraft", "stand_ins", "rows")}
+            "clients": [{k: (c.get("budget") or {}).get(k) for k in ("wait_s", "yields", "overdraft", "stand_ins", "rows",
+                                                                     "spare_blocks", "spare_asides")}
                         for c in status.get("clients", [])]}

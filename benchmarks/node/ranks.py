@@ -13,8 +13,10 @@ and (N >= 2) mixed, rank 0 at 393,216 while the others decode 6,144.  A call is 
 ``prefetch`` to the end of a blocking-sync event after ``wait()`` (the caller's thread sleeps
 rather than spins, as an engine's would while the GPU runs its step).  Reported per rank:
 median and p90 per call (every call started in the window), calls; per case: node rows/s (the
-calls made in the window, the one running when it closes counted by its share inside it, x rows /
-window: on a slow node one call can outlast the window), the spread of the ranks' medians; the budget's peak of concurrently gathering threads;
+calls made in the window, the one running when it closes counted by its share of time inside it,
+x rows / window: on a slow node one call can outlast the window), the spread of the ranks'
+medians.  That last call may end after the other ranks stopped, a little faster than the rest:
+give --seconds several calls' time, so that it is one sample of many; the budget's peak of concurrently gathering threads;
 and each target of issue 19, judged on this run's figures.
 
 ``--stage host`` times the node's shared part alone: each call is the rank's host gather of

@@ -148,6 +148,8 @@ def test_a_decode_time_ahead_of_the_clock_keeps_no_spare_aside():
         mapped = mmap.mmap(fd, budget_file.FILE_BYTES)
         try:
             at = budget_file.GROUPS_AT + budget_file.GROUP_DECODE_AT
+            struct.pack_into("<q", mapped, at, -2**63 + 1)  # no time at all: no decoding either
+            assert not budget.group_state()["decoding"]
             struct.pack_into("<q", mapped, at, time.monotonic_ns() + 3600 * 10**9)
             assert not budget.group_state()["decoding"]
             before = pool.spare_counts[0]

@@ -4,7 +4,9 @@ heartbeat report's checks, and one layout shared by the C scheduler and the daem
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
+import struct
 
 import pytest
 
@@ -14,6 +16,7 @@ from engram_client.core.errors import ConfigError, EngramError, ProtocolError
 from engram_client.lookup.host.gather_seat import GatherSeat, choose_group, format_cpus, take_seat
 from engramd.daemon.gather_budget import check_spec, client_report, format_cpu_list, parse_cpu_list, plan_groups
 from fake_sysfs import fake_sysfs
+from test_gather_budget_wakes import WANT_MASK_AT
 
 
 def test_cpu_lists_parse_and_format_both_ways():
@@ -100,15 +103,27 @@ def test_a_heartbeat_report_carries_the_spares_counts_only_to_a_daemon_that_know
         os.close(fd)
 
 
-def test_each_token_changes_hands_about_once_per_20_ms_whatever_the_group():
+def test_a_group_rotates_one_token_per_20_ms_over_its_tokens_and_serves_every_waiter_within_the_starve_bound():
     """A rotation hands a token's thread to another process, whose rows start cold: a group of T tokens
-    rotates one per 20 ms / T, and at least every 1 ms (engine/budget.c, nb_quantum_ns)."""
+    rotates one per 20 ms / T, never more often than every 1 ms, and with many slots waiting their turn
+    often enough that each is served well inside the 1 s after which a slot holding nothing gathers
+    without tokens: 1 s / (4 x active slots) at most (engine/budget.c, nb_quantum_ns)."""
     for tokens, quantum_ns in ((1, 20_000_000), (4, 5_000_000), (15, 1_333_333), (52, 1_000_000)):
         fd = budget_file.create([tokens])
         try:
             assert _host_gather.NodeBudget(fd, 0, tokens, budget_file.MAX_SLOTS).quantum_ns == quantum_ns, tokens
         finally:
             os.close(fd)
+    fd = budget_file.create([1])
+    try:
+        budget = _host_gather.NodeBudget(fd, 0, 1, budget_file.MAX_SLOTS)
+        with mmap.mmap(fd, budget_file.FILE_BYTES) as mapped:  # 60 other slots say they want the token
+            struct.pack_into("<Q", mapped, WANT_MASK_AT, (1 << 60) - 1 << 1)
+            assert budget.quantum_ns == 1_000_000_000 // (4 * 61)
+            struct.pack_into("<Q", mapped, WANT_MASK_AT, 0)
+        assert budget.quantum_ns == 20_000_000
+    finally:
+        os.close(fd)
 
 
 def test_the_c_scheduler_and_the_daemon_share_one_layout():

@@ -74,22 +74,31 @@ uint64_t nb_others_wanting(const NodeBudget *b) {
     return b->slots < 64 ? others & ((1ULL << b->slots) - 1) : others;
 }
 
+/* Slots of the group that want or hold tokens, this one included (within `slots`). */
+static int nb_active_slots(const NodeBudget *b) {
+    uint64_t active = atomic_load(&b->g->want_mask) | atomic_load(&b->g->holding_mask) | b->bit;
+    if (b->slots < 64) active &= (1ULL << b->slots) - 1;
+    return __builtin_popcountll(active);
+}
+
 /* A rotation hands a token's thread over to another process, whose rows then start cold (its own
  * page tables, its caches); on the two-CPU development machine, one token shared by four prefilling
  * ranks gathered 4.7-7.3 M rows/s rotating every 1 ms and 8.1-9.5 M every 20 ms, one rank alone
- * 5.6-10.9 M (docs/history/benchmarks-2026-12.md, "The busy node on one token").
- * So each token changes hands about once per NB_TOKEN_TURN_NS: a group of T tokens rotates one per
- * NB_TOKEN_TURN_NS / T, and at least every NB_QUANTUM_MIN_NS (the 15 tokens of the H200 machine:
- * 1.33 ms, where it was 1 ms for every group). */
+ * 5.6-10.9 M (docs/history/benchmarks-2026-12.md, "The busy node on one token").  So a group of T
+ * tokens rotates one per NB_TOKEN_TURN_NS / T (each token changes hands about once per 20 ms; the
+ * 15 tokens of the H200 machine: 1.33 ms, where it was 1 ms for every group), never more often
+ * than every NB_QUANTUM_MIN_NS, and short enough that with every active slot waiting its turn each
+ * is served well inside NB_STARVE_NS (after which a slot holding nothing gathers without tokens):
+ * at most NB_STARVE_NS / (4 x active slots), 3.9 ms with all 64. */
 int64_t nb_quantum_ns(const NodeBudget *b) {
     int64_t quantum = NB_TOKEN_TURN_NS / (b->tokens > 0 ? b->tokens : 1);
+    int64_t turn = NB_STARVE_NS / (4 * nb_active_slots(b));
+    if (quantum > turn) quantum = turn;
     return quantum > NB_QUANTUM_MIN_NS ? quantum : NB_QUANTUM_MIN_NS;
 }
 
 int nb_fair(const NodeBudget *b) {
-    uint64_t active = atomic_load(&b->g->want_mask) | atomic_load(&b->g->holding_mask) | b->bit;
-    if (b->slots < 64) active &= (1ULL << b->slots) - 1;
-    return nb_ceil_div(b->tokens, __builtin_popcountll(active));
+    return nb_ceil_div(b->tokens, nb_active_slots(b));
 }
 
 /* Tokens of the group held by crew threads that no slot has seen running for NB_CREW_STALL_NS, less

@@ -36,7 +36,7 @@
  *   - fair: fair = ceil(tokens / active slots); a slot at its fair share takes no token while a slot
  *     below it waits, and one above it yields at a block boundary;
  *   - round robin: among waiting slots, the one served least recently goes first; once per
- *     quantum in the group (nb_quantum_ns: NB_TOKEN_TURN_NS / tokens, at least NB_QUANTUM_MIN_NS),
+ *     quantum in the group (nb_quantum_ns: NB_TOKEN_TURN_NS / tokens, never below NB_QUANTUM_MIN_NS),
  *     one holder yields to a slot holding fewer tokens (so the odd token of an uneven split goes
  *     round without every holder letting go at once).
  *   - decode CPUs: where the header names D of a group's tokens for decode-size jobs (engramd
@@ -89,8 +89,8 @@
 #define NB_GLOCK_BREAK_NS 50000000LL      /* a decision lock not had in this long is taken over, whatever it holds */
 #define NB_GLOCK_BYPASS_NS 1000000000LL  /* ... and the process then decides without it this long */
 #define NB_FOREIGN_NS 10000000LL       /* a token locked outside the hints is skipped this long */
-#define NB_TOKEN_TURN_NS 20000000LL    /* each token of a group changes hands about this seldom (nb_quantum_ns) */
-#define NB_QUANTUM_MIN_NS 1000000LL    /* ... but the group rotates one token at least this often while ranks wait */
+#define NB_TOKEN_TURN_NS 20000000LL    /* a group of T tokens rotates one per this / T (nb_quantum_ns) */
+#define NB_QUANTUM_MIN_NS 1000000LL    /* ... and never more often than this */
 #define NB_QUANTUM_MIN_BLOCKS 8
 #define NB_FLOOR_MIN_TOKENS 4          /* from this many tokens a group keeps one for each slot's prefill job */
 #define NB_CREW_STALL_NS 3000000LL      /* a crew thread holding a token, not seen running this long, is off its CPU */

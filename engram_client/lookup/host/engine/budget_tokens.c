@@ -233,7 +233,7 @@ int nb_should_yield(NodeBudget *b, int t, int small, int64_t blocks) {
     }
     if (blocks < NB_QUANTUM_MIN_BLOCKS) return 0;
     int64_t now = now_ns(), at = atomic_load(&g->rotate_at);
-    if (now < at) return 0;
+    if (now < at && at - now <= NB_TOKEN_TURN_NS) return 0;  /* further ahead than any quantum: a peer wrote it */
     for (uint64_t m = others; m; m &= m - 1)
         if (atomic_load(&nb_slot(b, __builtin_ctzll(m))->held) < held)  /* round robin: one token per quantum */
             return atomic_compare_exchange_strong(&g->rotate_at, &at, now + nb_quantum_ns(b));
