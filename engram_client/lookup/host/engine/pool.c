@@ -131,12 +131,17 @@ void pool_wake_workers(Pool *pool, const Job *job) {
     list_wake_some(list, n);
 }
 
-/* A job is about to be enqueued: have the workers awake and polling when its host function runs. */
-void pool_prewake(Pool *pool) {
-    atomic_store(&pool->spin_until, now_ns() + PREWAKE_NS);
+/* Have the workers awake and polling until `until` (a pre-wake: on a busy budget, maybe nobody). */
+void pool_prewake_until(Pool *pool, int64_t until) {
+    atomic_store(&pool->spin_until, until);
     pthread_mutex_lock(&pool->lock);
     pool_wake_workers(pool, NULL);
     pthread_mutex_unlock(&pool->lock);
+}
+
+/* A job is about to be enqueued: have the workers awake and polling when its host function runs. */
+void pool_prewake(Pool *pool) {
+    pool_prewake_until(pool, now_ns() + PREWAKE_NS);
 }
 
 int pool_usable(const Pool *pool) {

@@ -100,6 +100,7 @@ void *worker_main(void *arg);
 void pool_stop(Pool *pool);        /* stop and join the workers and the crew; hand the signals on */
 void pool_unref(Pool *pool);
 void pool_prewake(Pool *pool);
+void pool_prewake_until(Pool *pool, int64_t until);  /* the signal watcher's predicted window */
 void pool_wake_workers(Pool *pool, const Job *job);  /* lock held: as many as the budget says (all without one) */
 int pool_usable(const Pool *pool);
 void crew_join(Pool *pool);        /* call the crew off and join it (crew.c starts it) */

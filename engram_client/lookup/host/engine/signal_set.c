@@ -162,10 +162,7 @@ static int set_watch(Pool *pool) {
             while (expect + lead < now) expect += period;
             if (now >= expect - lead) {  /* inside the window: everyone polls, awake */
                 if (woken_for != expect) {
-                    atomic_store(&pool->spin_until, expect + lead);
-                    pthread_mutex_lock(&pool->lock);
-                    pool_wake_workers(pool, NULL);  /* a pre-wake: on a busy budget, maybe nobody */
-                    pthread_mutex_unlock(&pool->lock);
+                    pool_prewake_until(pool, expect + lead);
                     woken_for = expect;
                 }
                 for (int i = 0; i < 32; i++) cpu_relax();
