@@ -101,6 +101,31 @@ def test_a_replayed_slot_stages_every_chunk_before_the_stream_copies_it(table, t
         pool.close()
 
 
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_a_worker_descheduled_in_its_publish_until_the_next_replay_is_armed_publishes_nothing_into_it(table, chunks):
+    """The race the back-to-back replays above once lost under load: a worker of the last run, off
+    its CPU between reading the word and advancing it, runs again after the stream has passed its
+    last wait and armed the next replay.  ARMED is no word of its run, so it leaves it alone, and
+    the replay, claimed once that run ends, stages its own rows (publish_late plays that worker in
+    this thread, deterministically)."""
+    pool = open_pool(4, signalled=True)
+    try:
+        n = 6144
+        slot = _host_gather.SignalTestSlot(pool, n, ROW_BYTES, graph=True)
+        stream = SimulatedStream(slot, n)
+        ids = np.random.default_rng(11).integers(0, ROWS, n).astype(np.int64)
+        counter = np.zeros(1, dtype=np.int64)
+        assert slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, n,
+                            counter.ctypes.data, chunks) == 0
+        np.testing.assert_array_equal(stream.run(n), table[ids])
+        wait_until(lambda: slot.active == 0, "the run's last worker to leave it")
+        ids[:] = np.random.default_rng(12).integers(0, ROWS, n)  # the next replay's ids
+        assert slot.publish_late() == ARMED  # the last run's chunks were not published into the replay
+        np.testing.assert_array_equal(stream.run(n, arm=False), table[ids])
+    finally:
+        pool.close()
+
+
 def test_out_of_range_ids_of_a_replay_are_zeroed_and_counted_without_a_host_check(table):
     pool = open_pool(4, signalled=True)
     try:

@@ -58,11 +58,17 @@
 
 /* ---- the run ----------------------------------------------------------------------------------------- */
 
-/* Advance the word over every chunk whose blocks are all in staging (lock-free; the word only grows). */
+/* Advance the word over every chunk whose blocks are all in staging (lock-free; the word only grows).
+ * ARMED is never a word of this run: within a run the word is IDLE or 1 .. nchunks.  A worker
+ * descheduled in here until the stream has passed its last wait and armed the next replay would
+ * otherwise read ARMED (0) as "no chunk yet", find this run's chunks all done, and publish them to
+ * the armed replay, whose waits would then pass on the last replay's rows (seen once under load in
+ * tests/unit/test_stream_signal.py).  The armed replay is claimed when this run ends. */
 void signal_publish(Job *job) {
     Signal *sig = job->signal;
     for (;;) {
         uint32_t w = word_load(sig);
+        if (w == SIGNAL_ARMED) return;
         uint32_t k = (w == SIGNAL_IDLE) ? 0 : w;
         if ((int64_t)k >= job->nchunks || atomic_load(&job->chunk_done[k]) < chunk_blocks(job, k)) return;
         __atomic_compare_exchange_n(sig->word, &w, k + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);

@@ -92,6 +92,27 @@ static PyObject *test_slot_start_now(SignalTestSlotObject *self, PyObject *unuse
     Py_RETURN_NONE;
 }
 
+/* What a worker of the last run does when it was descheduled inside signal_publish until the stream
+ * passed its last wait and armed the next replay: publish from the job as it is, its run still
+ * active (so no claim starts the armed replay meanwhile), then leave, ending the run.  The word it
+ * left behind: ARMED where it published nothing into the replay. */
+static PyObject *test_slot_publish_late(SignalTestSlotObject *self, PyObject *unused) {
+    StagedState *state = self->state;
+    if (!state || check_pool(state->job.pool)) return NULL;
+    Signal *sig = &state->signal;
+    int ended = 0;
+    if (!atomic_compare_exchange_strong(&sig->active, &ended, 1)) {
+        PyErr_SetString(PyExc_RuntimeError, "the last run has not ended: wait for active == 0 first");
+        return NULL;
+    }
+    __atomic_store_n(sig->word, SIGNAL_ARMED, __ATOMIC_SEQ_CST);  /* the stream arms the next replay */
+    signal_publish(&state->job);
+    uint32_t left = __atomic_load_n(sig->word, __ATOMIC_SEQ_CST);
+    atomic_store(&sig->active, 0);  /* the late worker leaves: whoever comes first claims the replay */
+    signal_try_claim(sig);
+    return PyLong_FromUnsignedLong(left);
+}
+
 static PyObject *test_slot_disarm(SignalTestSlotObject *self, PyObject *unused) {
     return staged_disarm((StagedJobObject *)self, unused);
 }
@@ -115,6 +136,8 @@ static PyMethodDef test_slot_methods[] = {
      "What enqueue() does before it touches the stream; where: 0 ids copied now, 2 read at every run."},
     {"start_now", (PyCFunction)test_slot_start_now, METH_NOARGS, "Start the prepared run at once (eager host ids)."},
     {"disarm", (PyCFunction)test_slot_disarm, METH_NOARGS, "Later runs zero their rows and never read the table."},
+    {"publish_late", (PyCFunction)test_slot_publish_late, METH_NOARGS,
+     "Arm the next replay, then publish as a worker of the ended run descheduled until then would: the word left."},
     {NULL}};
 
 static PyGetSetDef test_slot_getset[] = {
