@@ -174,6 +174,28 @@ def test_an_eager_run_starts_at_once_or_when_armed_and_frees_its_slot_at_its_end
         pool.close()
 
 
+@pytest.mark.parametrize("hold_us", [0, 300, 3000])
+def test_an_eager_start_beside_a_pollers_lost_claim_still_ends_its_run_and_frees_its_slot(table, hold_us):
+    """A poller that read ARMED with `active` 0 just before the last run was claimed holds `active`
+    for a moment and lets go once it finds the word no longer ARMED (signal_try_claim).  An eager
+    start beside it takes `active` only once it is 0: had it stored 1 over the borrow, the let-go
+    would clear the new run's, whose end would then be skipped and the slot stay in flight for good."""
+    pool = open_pool(3, signalled=True)
+    try:
+        slot = _host_gather.SignalTestSlot(pool, 6144, ROW_BYTES)
+        stream = SimulatedStream(slot, 6144)
+        counter = np.zeros(1, dtype=np.int64)
+        rng = np.random.default_rng(hold_us)
+        for call in range(5):
+            ids = rng.integers(0, ROWS, 6144).astype(np.int32)
+            assert stream.prepare_host_ids(table, ids, counter) == 0
+            slot.start_now_beside_a_borrow(hold_us)
+            np.testing.assert_array_equal(stream.run(6144, arm=False), table[ids])
+            wait_until(lambda: slot.in_flight == 0 and not slot.active, "the run's end to free the slot", 10)
+    finally:
+        pool.close()
+
+
 def test_many_slots_of_several_pools_armed_at_once_are_all_answered(table):
     pools = [open_pool(t, signalled=True) for t in (1, 2, 5)]
     failures: list[BaseException] = []

@@ -82,8 +82,15 @@ static void signal_run_end(Job *job) {
     if (pool != NULL && pool_usable(pool)) job_unlist(job);
     if (pool) atomic_fetch_add(&pool->jobs_run, 1);
     atomic_store(&sig->active, 0);
-    if (sig->in_flight) atomic_fetch_sub(sig->in_flight, 1);
-    signal_try_claim(sig);
+    /* An eager slot may be reused, or freed (host_lookup.py replaces one too small), the moment its
+     * runs in flight fall to 0: that is the last this thread touches of it.  Nothing can be armed on
+     * it before then (its next run is prepared only after), and a later run's ARMED is claimed by
+     * the watcher or a polling worker. */
+    if (sig->in_flight) {
+        atomic_fetch_sub(sig->in_flight, 1);
+        return;
+    }
+    signal_try_claim(sig);  /* a graph's replay armed while this run's workers were leaving */
 }
 
 /* The last worker left the run (pool.c's job_leave, through PoolSignalOps): end it, if it is still active. */
@@ -131,9 +138,25 @@ int signal_try_claim(Signal *sig) {
     return 1;
 }
 
-/* An eager run whose ids are already in pinned memory and whose staging the stream no longer reads. */
+/* An eager run whose ids are already in pinned memory and whose staging the stream no longer reads
+ * (its last run has ended).  A poller that read ARMED with `active` 0 before that last run was
+ * claimed may still hold `active` for a moment (signal_try_claim): it lets go once it finds the
+ * word no longer ARMED.  So `active` is taken from 0, never stored over such a borrow, whose
+ * letting go would otherwise clear this run's: its end would then be skipped and the slot stay in
+ * flight for good.  The borrow lasts a few instructions unless that thread is descheduled; after
+ * START_WAIT_NS the run starts anyway, as before this wait. */
+#define START_WAIT_NS 1000000000LL
 void signal_start_now(Signal *sig) {
-    atomic_store(&sig->active, 1);
     __atomic_store_n(sig->word, SIGNAL_IDLE, __ATOMIC_SEQ_CST);  /* before the stream's waits are enqueued */
+    int spins = 0, idle = 0;
+    int64_t give_up = now_ns() + START_WAIT_NS;
+    while (!atomic_compare_exchange_weak(&sig->active, &idle, 1)) {
+        idle = 0;
+        if (now_ns() > give_up) {
+            atomic_store(&sig->active, 1);
+            break;
+        }
+        pause_briefly(&spins);
+    }
     signal_started(sig);
 }

@@ -113,6 +113,39 @@ static PyObject *test_slot_publish_late(SignalTestSlotObject *self, PyObject *un
     return PyLong_FromUnsignedLong(left);
 }
 
+/* A poller's borrow of `active` (a claim that then found the word no longer ARMED, signal_try_claim)
+ * let go `hold_us` after an eager start began: the thread that plays that poller. */
+typedef struct {
+    Signal *sig;
+    long hold_us;
+} Borrow;
+
+static void *borrow_lets_go(void *arg) {
+    Borrow *borrow = arg;
+    struct timespec ts = {borrow->hold_us / 1000000, (borrow->hold_us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+    atomic_store(&borrow->sig->active, 0);  /* what signal_try_claim does when its word CAS fails */
+    return NULL;
+}
+
+static PyObject *test_slot_start_now_beside_a_borrow(SignalTestSlotObject *self, PyObject *arg) {
+    long hold_us = PyLong_AsLong(arg);
+    if (hold_us < 0 || hold_us > 1000000) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "hold_us: 0 .. 1,000,000");
+        return NULL;
+    }
+    if (!self->state || check_pool(self->state->job.pool)) return NULL;
+    Borrow borrow = {&self->state->signal, hold_us};
+    atomic_store(&borrow.sig->active, 1);  /* the poller's borrow */
+    pthread_t poller;
+    if (pthread_create(&poller, NULL, borrow_lets_go, &borrow)) return PyErr_SetFromErrno(PyExc_OSError);
+    signal_start_now(borrow.sig);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(poller, NULL);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *test_slot_disarm(SignalTestSlotObject *self, PyObject *unused) {
     return staged_disarm((StagedJobObject *)self, unused);
 }
@@ -136,6 +169,8 @@ static PyMethodDef test_slot_methods[] = {
      "What enqueue() does before it touches the stream; where: 0 ids copied now, 2 read at every run."},
     {"start_now", (PyCFunction)test_slot_start_now, METH_NOARGS, "Start the prepared run at once (eager host ids)."},
     {"disarm", (PyCFunction)test_slot_disarm, METH_NOARGS, "Later runs zero their rows and never read the table."},
+    {"start_now_beside_a_borrow", (PyCFunction)test_slot_start_now_beside_a_borrow, METH_O,
+     "start_now() while a poller holds the slot's `active` for hold_us more microseconds (its lost claim)."},
     {"publish_late", (PyCFunction)test_slot_publish_late, METH_NOARGS,
      "Arm the next replay, then publish as a worker of the ended run descheduled until then would: the word left."},
     {NULL}};
