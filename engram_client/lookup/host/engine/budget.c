@@ -70,15 +70,13 @@ int nb_held_total(const NodeBudget *b) {
 }
 
 uint64_t nb_others_wanting(const NodeBudget *b) {
-    uint64_t others = atomic_load(&b->g->want_mask) & ~b->bit;
-    return b->slots < 64 ? others & ((1ULL << b->slots) - 1) : others;
+    return atomic_load(&b->g->want_mask) & ~b->bit & nb_slots_mask(b);
 }
 
 /* Slots of the group that want or hold tokens, this one included (within `slots`). */
 static int nb_active_slots(const NodeBudget *b) {
     uint64_t active = atomic_load(&b->g->want_mask) | atomic_load(&b->g->holding_mask) | b->bit;
-    if (b->slots < 64) active &= (1ULL << b->slots) - 1;
-    return __builtin_popcountll(active);
+    return __builtin_popcountll(active & nb_slots_mask(b));
 }
 
 /* A rotation hands a token's thread over to another process, whose rows then start cold (its own
@@ -91,7 +89,7 @@ static int nb_active_slots(const NodeBudget *b) {
  * is served well inside NB_STARVE_NS (after which a slot holding nothing gathers without tokens):
  * at most NB_STARVE_NS / (4 x active slots), 3.9 ms with all 64. */
 int64_t nb_quantum_ns(const NodeBudget *b) {
-    int64_t quantum = NB_TOKEN_TURN_NS / (b->tokens > 0 ? b->tokens : 1);
+    int64_t quantum = NB_TOKEN_TURN_NS / b->tokens;  /* 1 .. NB_MAX_TOKENS, checked at open */
     int64_t turn = NB_STARVE_NS / (4 * nb_active_slots(b));
     if (quantum > turn) quantum = turn;
     return quantum > NB_QUANTUM_MIN_NS ? quantum : NB_QUANTUM_MIN_NS;
@@ -171,8 +169,7 @@ int nb_eligible(const NodeBudget *b, int small, int uncontended_only) {
 int nb_next_waiter(const NodeBudget *b) {
     NbGroup *g = b->g;
     uint64_t want = atomic_load(&g->want_mask), small = atomic_load(&g->small_mask) & want;
-    uint64_t pool = small ? small : want;
-    if (b->slots < 64) pool &= (1ULL << b->slots) - 1;
+    uint64_t pool = (small ? small : want) & nb_slots_mask(b);
     /* A prefill holding nothing: its floor first, unless what is free is the decode tokens (it could
      * not take one, and the decode-size waiter would sleep until its next look). */
     if (small && b->tokens >= NB_FLOOR_MIN_TOKENS && b->tokens - nb_held_total(b) > b->decode)

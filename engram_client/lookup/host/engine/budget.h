@@ -188,6 +188,8 @@ static inline int nb_usable(const NodeBudget *b) {
 }
 
 static inline int nb_ceil_div(int a, int b) { return b > 0 ? (a + b - 1) / b : a; }
+/* The bits of the budget's slots: a peer may set any bit of a mask, and those beyond `slots` are no rank's. */
+static inline uint64_t nb_slots_mask(const NodeBudget *b) { return b->slots < 64 ? (1ULL << b->slots) - 1 : ~0ULL; }
 
 int nb_ofd(int fd, int cmd, short type, off_t at);  /* a lock byte: set, cleared or tested (F_OFD_*) */
 

@@ -32,9 +32,9 @@ static void nb_sweep(NodeBudget *b) {
     want ? atomic_fetch_or(&g->want_mask, b->bit) : atomic_fetch_and(&g->want_mask, ~b->bit);
     small ? atomic_fetch_or(&g->small_mask, b->bit) : atomic_fetch_and(&g->small_mask, ~b->bit);
     if (b->slots < 64) {
-        uint64_t beyond = ~((1ULL << b->slots) - 1);
-        atomic_fetch_and(&g->want_mask, ~beyond), atomic_fetch_and(&g->small_mask, ~beyond);
-        atomic_fetch_and(&g->holding_mask, ~beyond);
+        uint64_t within = nb_slots_mask(b);
+        atomic_fetch_and(&g->want_mask, within), atomic_fetch_and(&g->small_mask, within);
+        atomic_fetch_and(&g->holding_mask, within);
     }
     nb_gunlock(b, key);
     for (int t = 0; t < b->tokens; t++) {
