@@ -178,9 +178,15 @@ def measure(model, sources: dict, args, label: str) -> dict:
     return result
 
 
+# A p90 of 55 calls moved between 0.8x and 2.35x its p90 alone over six runs of one rule in one
+# session (docs/history/benchmarks-2026-12.md, "The busy node: how many decode CPUs, and MPS"):
+# that p90 rests on the five slowest calls, where 220 rest it on twenty-two.
+PROBE_CALLS = 220
+
+
 def decode_lookup(client) -> dict:
     """One decode step's lookup on its own, eager, one call every step's time (benchmarks.lookups.probe)."""
-    return probe(client, BATCH * 24, 55, 0.0066)
+    return probe(client, BATCH * 24, PROBE_CALLS, 0.0066)
 
 
 def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> dict:
