@@ -178,7 +178,7 @@ def measure(model, sources: dict, args, label: str) -> dict:
     return result
 
 
-# A p90 of 55 calls moved between 0.8x and 2.35x its p90 alone over six runs of one rule in one
+# A p90 of 55 calls moved from 0.8x to 2.35x its p90 alone between two runs of one rule in one
 # session (docs/history/benchmarks-2026-12.md, "The busy node: how many decode CPUs, and MPS"):
 # that p90 rests on the five slowest calls, where 220 rest it on twenty-two.
 PROBE_CALLS = 220
