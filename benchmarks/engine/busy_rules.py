@@ -1,15 +1,20 @@
 """A decoding rank beside prefilling neighbours under every rule the daemon offers, in one session.
 
     python -m benchmarks.engine.busy_rules [--rules default,spares-idle,decode-0,decode-2,decode-4,decode-8,spares-off,idle]
-        [--table-gib 16] [--decode-steps 35] [--rounds 3] [--busy-neighbours 3] [--json out.json]
+        [--baseline decode-0] [--table-gib 16] [--decode-steps 35] [--rounds 3] [--busy-neighbours 3]
+        [--keep DIR] [--json out.json]
 
 For each rule it runs ``python -m benchmarks.engine.e2e`` on the 2048 x 16 model with its own
 daemon started with that rule's serve options (one after the other, so that every row comes from
 the same machine in the same session), and prints one table of the measures issue 35 judges: the
 decode step's median and p90 alone and beside the neighbours, a lone 6,144-id lookup's p90 against
 its p90 alone, and the neighbours' own prefill rows/s, with the neighbours' rate against the
-default's.  The rules are RULES below; docs/integration.md ("Ranks, CPUs and the gather budget")
-says when an operator picks each.
+--baseline rule's (decode-0 by default: the budget before decode CPUs, which issue 35 judges the
+neighbours' rate against).  A ratio of two runs in one session is the measure, not a rate against
+another day's: on the H200 machine the neighbours' rate moved by up to 9% between runs of one rule in one
+session, and more between sessions.  --keep DIR keeps each rule's e2e JSON as DIR/<rule>.json
+(the default rule's is the page's engine_e2e.json of the same session).  The rules are RULES
+below; docs/integration.md ("Ranks, CPUs and the gather budget") says when an operator picks each.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ E2E_TIMEOUT_S = 600  # one rule's run: a daemon's load, the model alone and besi
 
 def run_rule(rule: str, args, out_dir: str) -> dict:
     """One e2e run with ``rule``'s daemon; its 2048x16 busy summary, or SystemExit naming the rule."""
-    path = os.path.join(out_dir, f"{rule}.json")
+    path = os.path.join(args.keep or out_dir, f"{rule}.json")
     command = [sys.executable, "-m", "benchmarks.engine.e2e", "--models", "2048x16", "--table-gib", str(args.table_gib),
                "--decode-steps", str(args.decode_steps), "--rounds", str(args.rounds),
                "--busy-neighbours", str(args.busy_neighbours), "--daemon-args", RULES[rule], "--json", path]
@@ -51,13 +56,20 @@ def run_rule(rule: str, args, out_dir: str) -> dict:
         return json.load(f)["models"]["2048x16"]["busy_summary"]
 
 
-def table(summaries: dict[str, dict]) -> str:
-    """The rules side by side; the neighbours' rate against the default's where the default ran."""
-    base = summaries.get("default", {}).get("neighbours_m_rows_per_s")
+def with_baseline(summaries: dict[str, dict], baseline: str) -> dict[str, dict]:
+    """Each rule's summary with its neighbours' rate against the baseline rule's (None where the
+    baseline did not run or its neighbours gathered nothing)."""
+    base = summaries.get(baseline, {}).get("neighbours_m_rows_per_s")
+    return {rule: {**s, "neighbours_x_baseline": round(s["neighbours_m_rows_per_s"] / base, 3) if base else None}
+            for rule, s in summaries.items()}
+
+
+def table(summaries: dict[str, dict], baseline: str) -> str:
+    """The rules side by side (with_baseline's summaries)."""
     lines = ["| rule | serve options | step alone, ms | beside, ms | median ×alone | p90 ×median alone | "
-             "lookup p90 ×alone | neighbours M rows/s | ×default |", "| --- | --- |" + " ---: |" * 7]
+             f"lookup p90 ×alone | neighbours M rows/s | ×{baseline} |", "| --- | --- |" + " ---: |" * 7]
     for rule, s in summaries.items():
-        ratio = f"{s['neighbours_m_rows_per_s'] / base:.2f}x" if base else "—"
+        ratio = f"{s['neighbours_x_baseline']:.2f}x" if s["neighbours_x_baseline"] is not None else "—"
         lines.append(f"| {rule} | `{RULES[rule] or '(none)'}` | {s['step_alone_ms']:.3f} | {s['step_busy_ms']:.3f} | "
                      f"{s['median_x']:.3f}x | {s['p90_x_median_alone']:.3f}x | {s['lookup_p90_x']}x | "
                      f"{s['neighbours_m_rows_per_s']} | {ratio} |")
@@ -67,6 +79,8 @@ def table(summaries: dict[str, dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rules", default=",".join(RULES), help=f"comma-separated, of {', '.join(RULES)}")
+    parser.add_argument("--baseline", default="decode-0", help="the rule the neighbours' rate is judged against")
+    parser.add_argument("--keep", metavar="DIR", help="keep each rule's e2e JSON as DIR/<rule>.json")
     parser.add_argument("--table-gib", type=float, default=16.0)
     parser.add_argument("--decode-steps", type=int, default=35)
     parser.add_argument("--rounds", type=int, default=3)
@@ -77,13 +91,19 @@ def main() -> None:
     unknown = [rule for rule in rules if rule not in RULES]
     if unknown:
         raise SystemExit(f"--rules: unknown {', '.join(unknown)}; give some of {', '.join(RULES)}")
+    if args.baseline not in rules:
+        raise SystemExit(f"--baseline {args.baseline!r} is not among --rules ({args.rules})")
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="engram-busy-rules-") as out_dir:
         summaries = {}
         for rule in rules:
             summaries[rule] = run_rule(rule, args, out_dir)
             print(f"{rule}: {summaries[rule]}", flush=True)
-    print(table(summaries))
-    write_json(args.json, {"rules": {rule: {"serve_options": RULES[rule], **s} for rule, s in summaries.items()}})
+    summaries = with_baseline(summaries, args.baseline)
+    print(table(summaries, args.baseline))
+    write_json(args.json, {"baseline": args.baseline,
+                           "rules": {rule: {"serve_options": RULES[rule], **s} for rule, s in summaries.items()}})
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ TARGETS = {
     "busy_step_median_x": (operator.le, 1.03, "x"),
     "busy_step_p90_x": (operator.le, 1.2, "x"),
     "busy_lookup_p90_x": (operator.le, 2.0, "x"),
-    # 0.9x the neighbours' 33.2 M rows/s under the budget before decode CPUs (H200 machine, 2026-12-03)
-    "busy_neighbours_m_rows": (operator.ge, 0.9 * 33.2, " M rows/s"),
+    # the neighbours' rows/s under the default budget against the budget before decode CPUs, in one
+    # session (busy_rules.py says why not against a rate of another day)
+    "busy_neighbours_x_baseline": (operator.ge, 0.9, "x"),
     "cache_decode_fetched": (operator.le, 0.55, "x"),
     "cache_decode_time": (operator.le, 0.6, "x"),
     "cache_prefill_time": (operator.le, 0.8, "x"),
@@ -114,8 +115,25 @@ def busy(doc) -> list[tuple]:
                      "busy_step_p90_x", p90_x),
                  row(f"a lone 6,144-row lookup beside them, p90 / p90 alone", f"{lookup_x:.2f}x", NONE, "1.00x",
                      "busy_lookup_p90_x", lookup_x),
-                 row("the neighbours' prefill rows/s meanwhile", f"{rate:.1f} M", NONE, NONE,
-                     "busy_neighbours_m_rows", rate)]
+                 row("the neighbours' prefill rows/s meanwhile", f"{rate:.1f} M", NONE, NONE)]
+    return rows
+
+
+def busy_rules(doc) -> list[tuple]:
+    """busy_rules.py: the busy node's measures on the default budget against the --baseline rule's
+    (the budget before decode CPUs), run after run in one session; the neighbours' rate is judged here."""
+    base, at = doc.get("baseline"), ("rules", "default")
+    theirs = ("rules", base)
+    serve = doc.get(*theirs, "serve_options")
+    rows = [row(f"decode step beside the neighbours, {words}", f"{doc.get(*at, key):.3f}x",
+                f"{doc.get(*theirs, key):.3f}x (`{serve}`)", "1.000x") for key, words in
+            (("median_x", "median / alone"), ("p90_x_median_alone", "p90 / median alone"))]
+    rows.append(row("a lone 6,144-row lookup beside them, p90 / p90 alone", f"{doc.get(*at, 'lookup_p90_x'):.2f}x",
+                    f"{doc.get(*theirs, 'lookup_p90_x'):.2f}x (`{serve}`)", "1.00x"))
+    ratio = doc.get(*at, "neighbours_x_baseline")
+    rows.append(row("the neighbours' prefill rows/s meanwhile", f"{doc.get(*at, 'neighbours_m_rows_per_s'):.1f} M "
+                    f"({ratio:.3f}x)", f"{doc.get(*theirs, 'neighbours_m_rows_per_s'):.1f} M (`{serve}`)", NONE,
+                    "busy_neighbours_x_baseline", ratio))
     return rows
 
 

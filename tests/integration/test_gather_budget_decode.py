@@ -50,7 +50,7 @@ def test_decode_cpus_keep_every_ranks_prefill_off_them_and_off_the_last_token(bu
     assert "prefill spares at SCHED_IDLE while no rank decodes: " in text, text  # --decode-spares quiet, the default
     group = ranks(daemon.endpoint, [(65536, 0, 0), (65536, 0, 0)])
     for ready in group.ready:
-        assert "gathered by 2 threads kept off the decode CPUs 1, with 1 spare at SCHED_IDLE there, standing aside " \
+        assert "gathered by 1 thread kept off the decode CPUs 1, with 1 spare at SCHED_IDLE there, standing aside " \
             "while a rank of the group decodes (--decode-spares quiet)" in ready["words"], ready
         assert crew_threads(ready["pid"]) == {"engram-prefill": {(os.SCHED_OTHER, frozenset({0}))},
                                               "engram-spare": {(os.SCHED_IDLE, frozenset({1}))}}

@@ -18,16 +18,31 @@ def test_the_summary_puts_the_step_beside_neighbours_against_the_step_alone():
     assert summary["neighbours_m_rows_per_s"] == 30.5 and summary["each_neighbour"] == [10.0, 11.5, 9.0]
 
 
-def test_the_rules_table_puts_each_rule_beside_the_default():
-    from benchmarks.engine.busy_rules import RULES, table
+def test_the_rules_table_puts_each_rule_beside_the_baseline_rule():
+    from benchmarks.engine.busy_rules import RULES, table, with_baseline
 
     def summary(median_x: float, rows: float) -> dict:
         return {"step_alone_ms": 6.5, "step_busy_ms": 6.5 * median_x, "median_x": median_x, "p90_x_median_alone": 1.4,
                 "lookup_p90_x": 5.7, "neighbours_m_rows_per_s": rows}
 
-    text = table({"default": summary(1.045, 32.3), "decode-2": summary(1.058, 33.51)})
-    lines = text.splitlines()
+    summaries = with_baseline({"default": summary(1.005, 28.1), "decode-0": summary(1.134, 28.7)}, "decode-0")
+    assert summaries["default"]["neighbours_x_baseline"] == 0.979 and summaries["decode-0"]["neighbours_x_baseline"] == 1.0
+    lines = table(summaries, "decode-0").splitlines()
     assert len(lines) == 4 and lines[0].count("|") == lines[2].count("|") == lines[3].count("|")
-    assert lines[2].startswith("| default | `(none)` |") and lines[2].endswith("| 32.3 | 1.00x |")
-    assert f"`{RULES['decode-2']}`" in lines[3] and lines[3].endswith("| 33.51 | 1.04x |")
-    assert table({"idle": summary(1.006, 34.5)}).splitlines()[2].endswith("| 34.5 | — |")  # no default: no ratio
+    assert lines[0].endswith("| ×decode-0 |")
+    assert lines[2].startswith("| default | `(none)` |") and lines[2].endswith("| 28.1 | 0.98x |")
+    assert f"`{RULES['decode-0']}`" in lines[3] and lines[3].endswith("| 28.7 | 1.00x |")
+    alone = with_baseline({"idle": summary(1.006, 34.5)}, "decode-0")  # the baseline did not run: no ratio
+    assert alone["idle"]["neighbours_x_baseline"] is None
+    assert table(alone, "decode-0").splitlines()[2].endswith("| 34.5 | — |")
+
+
+def test_a_baseline_outside_the_rules_is_refused_before_any_run(monkeypatch):
+    import pytest
+
+    from benchmarks.engine import busy_rules
+
+    monkeypatch.setattr("sys.argv", ["busy_rules", "--rules", "default,decode-4", "--baseline", "decode-0"])
+    monkeypatch.setattr(busy_rules, "run_rule", lambda *a: pytest.fail("a rule ran"))
+    with pytest.raises(SystemExit, match="--baseline 'decode-0' is not among --rules"):
+        busy_rules.main()

@@ -64,7 +64,7 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
 
 /* Start the crew the pool's budget asks for: as many threads as the pool was asked for (a prefill
  * job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers idle), or at normal
- * priority off the decode CPUs plus one spare per decode CPU.  A crew of another kind (the pool
+ * priority off the decode CPUs, one per CPU there at most, plus one spare per decode CPU.  A crew of another kind (the pool
  * moved to a new daemon's budget with another rule) is joined first; one that the new budget does
  * not use stays, idle.  0, or an errno: nothing started (pool->crew_error keeps it, for the client
  * to say why its prefill gathers at normal priority beside decode calls). */
@@ -86,7 +86,14 @@ int crew_start(Pool *pool) {
         crew_join(pool);
     }
     pool->decode_pin = decode_pin, pool->crew_split = pool->crew_spares = 0, pool->crew_idle = idle;
+    /* Off the decode CPUs the crew gathers on at most one token per CPU left to it (the token rule:
+     * tokens - D for the whole group), so a thread beyond those CPUs never gathers: it wakes for
+     * every job and waits for a token on a CPU a holder needs.  One rank alone at 393,216 rows on
+     * the H100 machine: fifteen crew threads on nine CPUs took 1.09x (1.23x in an earlier run) the
+     * time it took with no decode CPUs, nine 1.02x (docs/history/benchmarks-2026-12.md, "The busy
+     * node: a crew no larger than its CPUs"). */
     int n = pool->threads_asked, err = 0;
+    if (split && n > CPU_COUNT(&crew_pin)) n = CPU_COUNT(&crew_pin);
     if (!pool->crew && !(pool->crew = calloc((size_t)n + CREW_MAX_SPARES, sizeof(pthread_t))))
         return pool->crew_error = ENOMEM;
     atomic_store(&pool->crew_quit, 0);
