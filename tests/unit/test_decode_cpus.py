@@ -147,6 +147,22 @@ def test_a_pool_moved_to_a_daemon_with_another_prefill_rule_changes_its_crew(tab
         pool.close()
 
 
+@pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to split")
+def test_a_pool_whose_first_crew_was_cut_to_its_cpus_starts_a_whole_crew_for_a_later_budget(table):
+    """A crew is cut to the CPUs off the decode CPUs (one here, of a 100-thread pool); a later
+    budget's --prefill-gathers idle crew is the pool's size, and its threads must all have room."""
+    before = gather_threads("engram-prefill")
+    pool = _host_gather.GatherPool(100, budget=open_budget(2, decode=1), cpus=[0, 1])
+    try:
+        assert pool.prefill_crew == (1, 0) and len(gather_threads("engram-prefill") - before) == 1
+        assert pool.set_budget(open_budget(2, flags=budget_file.FLAG_PREFILL_IDLE))
+        assert pool.prefill_crew == (100, 0) and len(gather_threads("engram-prefill") - before) == 100
+        gathers_exactly(pool, table, ids_of(PREFILL, 6))
+    finally:
+        pool.close()
+    assert not gather_threads("engram-prefill") - before
+
+
 @pytest.mark.skipif(os.uname().machine != "x86_64" or not TWO_CPUS, reason="an x86-64 seccomp filter; two CPUs")
 def test_a_process_refused_sched_idle_for_its_spares_says_so_and_gathers_its_prefill_everywhere():
     """The sandbox of test_prefill_crew.py (a real seccomp filter refusing sched_setscheduler), on a

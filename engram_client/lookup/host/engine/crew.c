@@ -64,10 +64,10 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
 
 /* Start the crew the pool's budget asks for: as many threads as the pool was asked for (a prefill
  * job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers idle), or at normal
- * priority off the decode CPUs, one per CPU there at most, plus one spare per decode CPU.  A crew of another kind (the pool
- * moved to a new daemon's budget with another rule) is joined first; one that the new budget does
- * not use stays, idle.  0, or an errno: nothing started (pool->crew_error keeps it, for the client
- * to say why its prefill gathers at normal priority beside decode calls). */
+ * priority off the decode CPUs, one per CPU there at most, plus one spare per decode CPU.  A crew of
+ * another kind (the pool moved to a new daemon's budget with another rule) is joined first; one
+ * that the new budget does not use stays, idle.  0, or an errno: nothing started (pool->crew_error
+ * keeps it, for the client to say why its prefill gathers at normal priority beside decode calls). */
 int crew_start(Pool *pool) {
     NodeBudget *b = atomic_load(&pool->budget);
     if (!b || atomic_load(&pool->stop))  /* a closed pool (set_budget refuses one; this is for a close racing it) */
@@ -94,7 +94,8 @@ int crew_start(Pool *pool) {
      * node: a crew no larger than its CPUs"). */
     int n = pool->threads_asked, err = 0;
     if (split && n > CPU_COUNT(&crew_pin)) n = CPU_COUNT(&crew_pin);
-    if (!pool->crew && !(pool->crew = calloc((size_t)n + CREW_MAX_SPARES, sizeof(pthread_t))))
+    /* sized for the largest crew any budget may ask of this pool: a later one may want more threads */
+    if (!pool->crew && !(pool->crew = calloc((size_t)pool->threads_asked + CREW_MAX_SPARES, sizeof(pthread_t))))
         return pool->crew_error = ENOMEM;
     atomic_store(&pool->crew_quit, 0);
     struct sched_param idle_param = {0};
