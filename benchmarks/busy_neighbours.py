@@ -7,6 +7,17 @@ import os
 import subprocess
 import sys
 
+# The daemon's budget rules the busy-node benchmarks compare (engine/busy_rules.py, node/lone_rules.py)
+RULES = {  # name -> the daemon's serve options
+    "default": "",
+    "spares-idle": "--decode-spares idle",   # the default before quiet spares: they gather beside decodes too
+    "decode-0": "--decode-cpus 0",           # the budget before decode CPUs
+    "decode-2": "--decode-cpus 2",           # the default before one per 4 tokens
+    "decode-4": "--decode-cpus 4",           # the default before two per 5 tokens (one per 4: 4 of 15)
+    "decode-8": "--decode-cpus 8",           # the operator's row for a tighter decode tail (about half of 15)
+    "spares-off": "--decode-spares off",
+    "idle": "--prefill-gathers idle",
+}
 POLICIES = ("normal", "batch", "idle")  # a neighbour's CPU scheduling policy: SCHED_OTHER, _BATCH, _IDLE
 # Prepended to a neighbour's script; called before its pool starts, whose threads inherit the policy.
 SET_POLICY = """

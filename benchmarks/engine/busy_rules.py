@@ -11,10 +11,11 @@ decode step's median and p90 alone and beside the neighbours, a lone 6,144-id lo
 its p90 alone, and the neighbours' own prefill rows/s, with the neighbours' rate against the
 --baseline rule's (decode-0 by default: the budget before decode CPUs, which issue 35 judges the
 neighbours' rate against).  A ratio of two runs in one session is the measure, not a rate against
-another day's: on the H200 machine the neighbours' rate moved by up to 9% between runs of one rule in one
-session, and more between sessions.  --keep DIR keeps each rule's e2e JSON as DIR/<rule>.json
-(the default rule's is the page's engine_e2e.json of the same session).  The rules are RULES
-below; docs/integration.md ("Ranks, CPUs and the gather budget") says when an operator picks each.
+another day's: the neighbours' rate moved by up to 9% between runs of one rule in one session on
+the H200 machine and by 14% on the H100 machine, and more between sessions.  --keep DIR keeps each rule's e2e JSON as DIR/<rule>.json
+(the default rule's is the page's engine_e2e.json of the same session).  The rules are
+benchmarks/busy_neighbours.RULES; docs/integration.md ("Ranks, CPUs and the gather budget") says
+when an operator picks each.
 """
 from __future__ import annotations
 
@@ -25,18 +26,9 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks.busy_neighbours import RULES
 from benchmarks.common import write_json
 
-RULES = {  # name -> the daemon's serve options
-    "default": "",
-    "spares-idle": "--decode-spares idle",   # the default before quiet spares: they gather beside decodes too
-    "decode-0": "--decode-cpus 0",           # the budget before decode CPUs
-    "decode-2": "--decode-cpus 2",           # the default before one per 4 tokens
-    "decode-4": "--decode-cpus 4",           # the default before two per 5 tokens (one per 4: 4 of 15)
-    "decode-8": "--decode-cpus 8",           # the operator's row for a tighter decode tail (about half of 15)
-    "spares-off": "--decode-spares off",
-    "idle": "--prefill-gathers idle",
-}
 E2E_TIMEOUT_S = 600  # one rule's run: a daemon's load, the model alone and beside the neighbours
 
 

@@ -6,7 +6,7 @@
 Issue 35 asks that one rank alone be no slower on the default budget than on the budget before
 decode CPUs.  On the GPU machines a lone rank's median call moved by 10-30% between runs minutes
 apart, more than the difference looked for, so separate runs of benchmarks/node/ranks.py cannot
-show it.  This starts one daemon per rule (its serve options: benchmarks/engine/busy_rules.RULES)
+show it.  This starts one daemon per rule (its serve options: benchmarks/busy_neighbours.RULES)
 on a demo table of --table-gib GiB each, and one rank process attached to each (ranks.py's rank
 loop: fresh ids drawn on --device before each case, a call timed from ``prefetch`` to the end of a
 blocking-sync event after ``wait()``).  Then, in each round, in an order that rotates by one rule
@@ -24,8 +24,8 @@ import shlex
 import statistics
 import time
 
+from benchmarks.busy_neighbours import RULES
 from benchmarks.common import p90, receive, write_json
-from benchmarks.engine.busy_rules import RULES
 from benchmarks.node.ranks import ARM_TIMEOUT_S, ATTACH_TIMEOUT_S, CASE_SLACK_S, DECODE, PREFILL, rank_main
 
 LOAD_TIMEOUT_S = 1800.0
