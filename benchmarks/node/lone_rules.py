@@ -22,11 +22,10 @@ import argparse
 import multiprocessing
 import shlex
 import statistics
-import time
 
 from benchmarks.busy_neighbours import RULES
 from benchmarks.common import p90, receive, write_json
-from benchmarks.node.ranks import ARM_TIMEOUT_S, ATTACH_TIMEOUT_S, CASE_SLACK_S, DECODE, PREFILL, rank_main
+from benchmarks.node.ranks import ATTACH_TIMEOUT_S, CASE_SLACK_S, DECODE, PREFILL, rank_main, run_case
 
 LOAD_TIMEOUT_S = 1800.0
 
@@ -37,15 +36,6 @@ def parse_rules(text: str) -> list[str]:
     if unknown or len(set(rules)) != len(rules) or len(rules) < 2:
         raise SystemExit(f"--rules {text!r}: give two or more different rules of {', '.join(RULES)}")
     return rules
-
-
-def run_case(conn, rows: int, seconds: float) -> list[float]:
-    """One rank's calls of ``rows`` rows for ``seconds``: ms per call."""
-    conn.send((rows, seconds))
-    if receive(conn, ARM_TIMEOUT_S, "its ids drawn for the case") != "armed":
-        raise SystemExit("a rank did not arm for its case")
-    conn.send(time.monotonic() + 0.05)
-    return receive(conn, seconds + CASE_SLACK_S, f"its {rows:,}-row calls")["times_ms"]
 
 
 def summarize(rules: list[str], rounds: list[dict]) -> dict:
@@ -98,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
             rounds.append({rule: {} for rule in rules})
             for rule in order:
                 for rows, seconds in ((PREFILL, args.seconds), (DECODE, args.seconds * 2 / 3)):
-                    times = run_case(ranks[rule][1], rows, seconds)
+                    [reply] = run_case([(ranks[rule][1], rows)], seconds, f"{rule} {rows:,}-row")
+                    times = reply["times_ms"]
                     rounds[-1][rule][rows] = {"median_ms": statistics.median(times), "p90_ms": p90(times),
                                               "calls": len(times)}
             print(f"round {index}: " + ", ".join(f"{rule} {rounds[-1][rule][PREFILL]['median_ms']:.3f} / "

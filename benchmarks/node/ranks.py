@@ -134,6 +134,20 @@ def rank_main(endpoint: str, device: str, budget: bool, stage: str, conn) -> Non
     conn.send({"budget": stats})
 
 
+def run_case(active: list[tuple], seconds: float, name: str) -> list[dict]:
+    """One case: each (pipe to a rank_main, rows) pair loops calls of its rows for ``seconds``, the
+    window opening for all at once after every rank has drawn its ids; their replies, in order."""
+    for conn, rows in active:
+        conn.send((rows, seconds))
+    for conn, _ in active:  # every rank has its ids before the window opens
+        if receive(conn, ARM_TIMEOUT_S, "its ids drawn for the case") != "armed":
+            raise SystemExit(f"a rank did not arm for the {name} case")
+    start_at = time.monotonic() + 0.05
+    for conn, _ in active:
+        conn.send(start_at)
+    return [receive(conn, seconds + CASE_SLACK_S, f"its calls of the {name} case") for conn, _ in active]
+
+
 def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: float, stage: str = "gpu") -> dict:
     context = multiprocessing.get_context("spawn")
     ranks = []
@@ -151,16 +165,8 @@ def run_mode(endpoint: str, device: str, mode: str, counts: list[int], seconds: 
         if n == 4 and device.startswith("cuda") and len(ranks) >= 4:
             plans += [("step alone", [ENGINE]), ("step + 3 prefill", [ENGINE] + [PREFILL] * 3)]
         for name, sizes in plans:
-            active = [conn for (_, conn), rows in zip(ranks, sizes) if rows is not None]
-            for conn, rows in zip(active, [rows for rows in sizes if rows is not None]):
-                conn.send((rows, seconds))
-            for conn in active:  # every rank has its ids before the window opens
-                if receive(conn, ARM_TIMEOUT_S, "its ids drawn for the case") != "armed":
-                    raise SystemExit(f"a rank did not arm for the {name} case")
-            start_at = time.monotonic() + 0.05
-            for conn in active:
-                conn.send(start_at)
-            replies = [receive(conn, seconds + CASE_SLACK_S, f"its calls of the {name} case") for conn in active]
+            active = [(conn, rows) for (_, conn), rows in zip(ranks, sizes) if rows is not None]
+            replies = run_case(active, seconds, name)
             per_rank = [{"rows": r["rows"], "calls": len(r["times_ms"]), "calls_in_window": r["calls_in_window"],
                          "median_ms": statistics.median(r["times_ms"]) if r["times_ms"] else float("nan"),
                          "p90_ms": p90(r["times_ms"]) if r["times_ms"] else float("nan")}
