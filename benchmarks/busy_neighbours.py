@@ -17,7 +17,18 @@ RULES = {  # name -> the daemon's serve options
     "decode-8": "--decode-cpus 8",           # the operator's row for a tighter decode tail (about half of 15)
     "spares-off": "--decode-spares off",
     "idle": "--prefill-gathers idle",
+    "gpu-decode": "--decode-cpus 0",         # with the ranks' decode-size calls on the UVA kernel (DECODE_PATHS)
+    "gpu-decode-cpus": "",                   # the same ranks on the default budget: its decode CPUs unused by them
 }
+# The rules whose decoding rank asks for a decode path (EngramClient(decode_path=...), the engines'
+# ENGRAMD_DECODE_PATH); every other rule's rank takes the host path for every call.
+DECODE_PATHS = {"gpu-decode": "uva", "gpu-decode-cpus": "uva"}
+
+
+def rule_words(rule: str) -> str:
+    """A rule as a table names it: the daemon's serve options, and the rank's decode path where it asks one."""
+    words = f"`{RULES[rule] or '(none)'}`"
+    return words + (f", decode_path `{DECODE_PATHS[rule]}`" if rule in DECODE_PATHS else "")
 POLICIES = ("normal", "batch", "idle")  # a neighbour's CPU scheduling policy: SCHED_OTHER, _BATCH, _IDLE
 # Prepended to a neighbour's script; called before its pool starts, whose threads inherit the policy.
 SET_POLICY = """

@@ -28,7 +28,7 @@ from .attach.connection import DaemonConnection
 from .core.errors import CudaRegistrationError, NotAttachedError, UnknownLayerError
 from .core.protocol import READY
 from .lookup.cache.layer_caches import cache_for_view
-from .lookup.config import LookupConfig, default_gather_threads, default_max_programs
+from .lookup.config import LookupConfig, check_device_options, default_gather_threads, default_max_programs
 from .attach.lease_keeper import LeaseKeeper, heartbeat_interval
 from .attach.mapped_generation import MappedGeneration, describe_move
 from .attach.readiness import refuse_missing_socket, wait_ready
@@ -45,7 +45,8 @@ class EngramClient:
                  out_dtype: torch.dtype = torch.bfloat16, heartbeat: bool = True, lookup_strategy: str = "auto",
                  lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: None = None,
                  auto_refresh: bool = False, lookup_timeout: float = 60.0, lookup_path: str = "auto",
-                 strict_ids: bool = False, gather_threads: int | None = None, gather_budget: bool = True):
+                 strict_ids: bool = False, gather_threads: int | None = None, gather_budget: bool = True,
+                 decode_path: str | None = None):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -68,16 +69,14 @@ class EngramClient:
         try:
             if hot_cache_refresh_every is not None:  # the UVA path's old cache had it; one cache serves both now
                 raise ValueError("hot_cache_refresh_every is gone: the HBM cache has no refresh (docs/hot-rows.md)")
-            if hot_cache_bytes < 0 or (hot_cache_bytes and self.device.type != "cuda"):
-                raise ValueError(f"hot_cache_bytes={hot_cache_bytes}: the hot-row cache lives in GPU memory and "
-                                 "needs a CUDA device and a non-negative budget")
+            check_device_options(self.device, hot_cache_bytes, decode_path)
             if lookup_max_programs is None and self.device.type == "cuda":
                 lookup_max_programs = default_max_programs(self.device)
             self.lookup_config = LookupConfig(
                 out_dtype=out_dtype, path=lookup_path, strategy=lookup_strategy, max_programs=lookup_max_programs or None,
                 wait_timeout=lookup_timeout, strict_ids=strict_ids,
                 gather_threads=default_gather_threads(self.device) if gather_threads is None else gather_threads,
-                hot_cache_bytes=hot_cache_bytes)
+                hot_cache_bytes=hot_cache_bytes, decode_path=decode_path)
             self._row_ranges = row_ranges or {}
             self._attach(timeout, rank, heartbeat)
         except BaseException:
@@ -262,8 +261,8 @@ class EngramClient:
         on CUDA how the host path's stream and workers signal each other ("stream-memops", or
         "host-functions" where the device or driver lacks them) and why (host_signal.py)."""
         pool = self._state.pool
-        info: dict[str, Any] = {"path": self.lookup_config.path, "device": str(self.device),
-                                "gather_threads": pool.threads if pool is not None else 0}
+        info: dict[str, Any] = {"path": self.lookup_config.path, "decode_path": self.lookup_config.decode_path,
+                                "device": str(self.device), "gather_threads": pool.threads if pool is not None else 0}
         if self._signalling is not None:
             return {**info, **self._signalling.as_dict()}
         return {**info, "signalling": None, "reason": "CPU lookups gather on the calling thread and the pool"

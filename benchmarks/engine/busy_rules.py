@@ -7,7 +7,8 @@
 For each rule it runs ``python -m benchmarks.engine.e2e`` on the 2048 x 16 model with its own
 daemon started with that rule's serve options (one after the other, so that every row comes from
 the same machine in the same session), and prints one table of the measures issue 35 judges: the
-decode step's median and p90 alone and beside the neighbours, a lone 6,144-id lookup's p90 against
+decode step's median and p90 alone and beside the neighbours (a rule of DECODE_PATHS has its rank's
+decode-size calls, the lone lookup's included, on that path, and is judged against its own time alone), a lone 6,144-id lookup's p90 against
 its p90 alone, and the neighbours' own prefill rows/s, with the neighbours' rate against the
 --baseline rule's (decode-0 by default: the budget before decode CPUs, which issue 35 judges the
 neighbours' rate against).  A ratio of two runs in one session is the measure, not a rate against
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.busy_neighbours import RULES
+from benchmarks.busy_neighbours import DECODE_PATHS, RULES, rule_words
 from benchmarks.common import write_json
 
 E2E_TIMEOUT_S = 600  # one rule's run: a daemon's load, the model alone and beside the neighbours
@@ -38,6 +39,8 @@ def run_rule(rule: str, args, out_dir: str) -> dict:
     command = [sys.executable, "-m", "benchmarks.engine.e2e", "--models", "2048x16", "--table-gib", str(args.table_gib),
                "--decode-steps", str(args.decode_steps), "--rounds", str(args.rounds),
                "--busy-neighbours", str(args.busy_neighbours), "--daemon-args", RULES[rule], "--json", path]
+    if rule in DECODE_PATHS:
+        command += ["--decode-path", DECODE_PATHS[rule]]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=E2E_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -51,20 +54,33 @@ def run_rule(rule: str, args, out_dir: str) -> dict:
 def with_baseline(summaries: dict[str, dict], baseline: str) -> dict[str, dict]:
     """Each rule's summary with its neighbours' rate against the baseline rule's (None where the
     baseline did not run or its neighbours gathered nothing)."""
-    base = summaries.get(baseline, {}).get("neighbours_m_rows_per_s")
-    return {rule: {**s, "neighbours_x_baseline": round(s["neighbours_m_rows_per_s"] / base, 3) if base else None}
+    theirs = summaries.get(baseline, {})
+    base = theirs.get("neighbours_m_rows_per_s")
+    return {rule: {**s, "neighbours_x_baseline": round(s["neighbours_m_rows_per_s"] / base, 3) if base else None,
+                   # against the baseline's rank alone, whose calls all took the host path: what a rule whose
+                   # rank asks another decode path costs it, beside its gain (None without the baseline)
+                   "step_busy_x_baseline_alone": round(s["step_busy_ms"] / theirs["step_alone_ms"], 3) if theirs else None,
+                   "step_p90_x_baseline_alone": round(s["step_busy_p90_ms"] / theirs["step_alone_ms"], 3)
+                   if theirs and "step_busy_p90_ms" in s else None,
+                   "lookup_p90_x_baseline_alone": round(s["lookup_busy_p90_ms"] / theirs["lookup_alone_p90_ms"], 2)
+                   if theirs.get("lookup_alone_p90_ms") and "lookup_busy_p90_ms" in s else None}
             for rule, s in summaries.items()}
 
 
 def table(summaries: dict[str, dict], baseline: str) -> str:
     """The rules side by side (with_baseline's summaries)."""
-    lines = ["| rule | serve options | step alone, ms | beside, ms | median ×alone | p90 ×median alone | "
-             f"lookup p90 ×alone | neighbours M rows/s | ×{baseline} |", "| --- | --- |" + " ---: |" * 7]
+    def times(value, digits: int) -> str:
+        return f"{value:.{digits}f}x" if value is not None else "—"
+
+    lines = ["| rule | serve options (rank's decode path) | step alone, ms | beside, ms | median ×alone | p90 ×median alone | "
+             f"median ×{baseline} alone | lookup p90 ×alone | ×{baseline} alone | neighbours M rows/s | ×{baseline} |",
+             "| --- | --- |" + " ---: |" * 9]
     for rule, s in summaries.items():
-        ratio = f"{s['neighbours_x_baseline']:.2f}x" if s["neighbours_x_baseline"] is not None else "—"
-        lines.append(f"| {rule} | `{RULES[rule] or '(none)'}` | {s['step_alone_ms']:.3f} | {s['step_busy_ms']:.3f} | "
-                     f"{s['median_x']:.3f}x | {s['p90_x_median_alone']:.3f}x | {s['lookup_p90_x']}x | "
-                     f"{s['neighbours_m_rows_per_s']} | {ratio} |")
+        lines.append(f"| {rule} | {rule_words(rule)} | {s['step_alone_ms']:.3f} | {s['step_busy_ms']:.3f} | "
+                     f"{s['median_x']:.3f}x | {s['p90_x_median_alone']:.3f}x | "
+                     f"{times(s.get('step_busy_x_baseline_alone'), 3)} | {s['lookup_p90_x']}x | "
+                     f"{times(s.get('lookup_p90_x_baseline_alone'), 2)} | {s['neighbours_m_rows_per_s']} | "
+                     f"{times(s['neighbours_x_baseline'], 2)} |")
     return "\n".join(lines)
 
 
@@ -95,7 +111,8 @@ def main() -> None:
     summaries = with_baseline(summaries, args.baseline)
     print(table(summaries, args.baseline))
     write_json(args.json, {"baseline": args.baseline,
-                           "rules": {rule: {"serve_options": RULES[rule], **s} for rule, s in summaries.items()}})
+                           "rules": {rule: {"serve_options": RULES[rule], "decode_path": DECODE_PATHS.get(rule), **s}
+                                     for rule, s in summaries.items()}})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python -m benchmarks.engine.e2e [--models 2048x16,4096x32] [--table-gib 32] [--decode-steps 40]
         [--rounds 3] [--busy-neighbours 3] [--neighbour-policy normal] [--diagnose]
-        [--daemon-args '--decode-cpus 2'] [--json out.json]
+        [--daemon-args '--decode-cpus 2'] [--decode-path uva] [--json out.json]
 
 Starts engramd on a demo table built without disk (or uses --endpoint), attaches one client
 and, for each model size (benchmarks/engine/model.py: random bf16 weights, Engram modules at the
@@ -10,7 +10,9 @@ table's layers), measures with the same weights:
   none   the model without Engram;
   hbm    the table copied into HBM, rows by index_select + the staged dequant kernel in each
          Engram layer, on the main stream: the baseline engramd is judged against;
-  host   engramd's host path: hash at forward entry, prefetch every layer's rows, wait in the layer;
+  host   engramd's host path: hash at forward entry, prefetch every layer's rows, wait in the layer
+         (with --decode-path uva the client's decode-size calls, in the graph and the lone
+         lookup alike, take the UVA kernel: EngramClient(decode_path=...));
   uva    engramd's UVA lookup kernel on a side stream, prefetched and waited for the same way;
   host-beside-hbm  (--diagnose) the host path's prefetches, but rows from HBM: what the path's
          own GPU work costs the step, apart from waiting for its rows;
@@ -40,6 +42,7 @@ import torch
 
 from benchmarks.busy_neighbours import POLICIES, budget_view, start_neighbours, stop_neighbours
 from benchmarks.common import RunnableSampler, p90, serving, write_json
+from benchmarks.engine.e2e_summary import print_results
 from benchmarks.engine.model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
 from benchmarks.lookups.probe import probe
 from engram_client import EngramClient
@@ -229,6 +232,8 @@ def main() -> None:
                         "(benchmarks.engine.model.HostBesideHbm)")
     parser.add_argument("--daemon-args", default="", help="serve options of the daemon it starts (not with "
                         "--endpoint): the budget's rules, e.g. '--decode-cpus 0' or '--prefill-gathers idle'")
+    parser.add_argument("--decode-path", choices=("host", "uva"), help="the client's decode_path (default: as "
+                        "every other call, the host path)")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.endpoint and args.daemon_args:
@@ -236,11 +241,12 @@ def main() -> None:
     vocab = demo_vocab_for_table_bytes(int(args.table_gib * 2**30))
     results = {"gpu": torch.cuda.get_device_name(0), "batch": BATCH, "prefill_tokens": PREFILL_SEQS * PREFILL_LEN,
                "decode_steps": args.decode_steps, "rounds": args.rounds, "models": {}}
-    results["daemon_args"] = args.daemon_args
+    results["daemon_args"], results["decode_path"] = args.daemon_args, args.decode_path
     with serving(args.endpoint, args.table_gib, load_threads=min(16, os.cpu_count() or 1),
                  daemon_args=tuple(shlex.split(args.daemon_args))) as endpoint:
         started = time.perf_counter()
-        client = EngramClient(endpoint=endpoint, device="cuda:0", lookup_path="host", timeout=3600)
+        client = EngramClient(endpoint=endpoint, device="cuda:0", lookup_path="host", timeout=3600,
+                              decode_path=args.decode_path)
         results.update(lookup_path_info=client.lookup_path_info, table_bytes=client.status()["table_bytes"],
                        attach_s=time.perf_counter() - started)
         hasher = demo_hasher(client, vocab)
@@ -263,37 +269,6 @@ def main() -> None:
         client.close()
     print_results(results)  # adds each busy model's summary, so before the JSON
     write_json(args.json, results)
-
-
-def print_results(results: dict) -> None:
-    print("| model | phase | variant | ms / step | tokens/s | vs hbm |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
-    for name, model in results["models"].items():
-        for part in (model, model.get("busy", {})):
-            for phase in ("decode", "prefill"):
-                for variant, e in part.get(phase, {}).items():
-                    loss = "" if e["loss_vs_hbm"] is None else f"{e['loss_vs_hbm'] * 100:+.1f}%"
-                    print(f"| {name} | {phase} | {variant} | {e['ms']:.3f} | {e['tokens_per_s']:,.0f} | {loss} |")
-    for name, model in results["models"].items():
-        if model.get("busy"):
-            summary = busy_summary(model)
-            model["busy_summary"] = summary
-            print(f"\n{name}, beside {model['busy']['neighbours']} busy neighbours (daemon: {results['daemon_args'] or 'defaults'}): "
-                  + ", ".join(f"{key} {value}" for key, value in summary.items()))
-
-
-def busy_summary(model: dict) -> dict:
-    """The issue's measures of one model: the decode step (median, p90) alone and beside the
-    neighbours, their ratios, a lone decode lookup's p90 against its p90 alone, the neighbours' rows/s."""
-    alone, busy = model["decode"]["host"], model["busy"]["decode"]["host+busy"]
-    lookup_alone, lookup_busy = model["busy"]["lookup_alone"], model["busy"]["lookup_busy"]
-    rates = [r["m_rows_per_s"] for r in model["busy"]["neighbour_reports"]]
-    return {"step_alone_ms": round(alone["step_median_ms"], 3), "step_alone_p90_ms": round(alone["step_p90_ms"], 3),
-            "step_busy_ms": round(busy["step_median_ms"], 3), "step_busy_p90_ms": round(busy["step_p90_ms"], 3),
-            "median_x": round(busy["step_median_ms"] / alone["step_median_ms"], 3),
-            "p90_x_median_alone": round(busy["step_p90_ms"] / alone["step_median_ms"], 3),
-            "lookup_p90_x": round(lookup_busy["p90_ms"] / lookup_alone["p90_ms"], 2),
-            "neighbours_m_rows_per_s": round(sum(rates), 2), "each_neighbour": rates}
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import multiprocessing
 import shlex
 import statistics
 
-from benchmarks.busy_neighbours import RULES
+from benchmarks.busy_neighbours import DECODE_PATHS, RULES
 from benchmarks.common import p90, receive, write_json
 from benchmarks.node.ranks import ATTACH_TIMEOUT_S, CASE_SLACK_S, DECODE, PREFILL, rank_main, run_case
 
@@ -35,6 +35,10 @@ def parse_rules(text: str) -> list[str]:
     unknown = [rule for rule in rules if rule not in RULES]
     if unknown or len(set(rules)) != len(rules) or len(rules) < 2:
         raise SystemExit(f"--rules {text!r}: give two or more different rules of {', '.join(RULES)}")
+    asking = [rule for rule in rules if rule in DECODE_PATHS]
+    if asking:  # its ranks gather on the host path alone: such a rule would be measured as its daemon's
+        raise SystemExit(f"--rules: {', '.join(asking)} set the ranks' decode path, which this benchmark's ranks "
+                         "do not take (benchmarks.engine.busy_rules measures them)")
     return rules
 
 

@@ -32,8 +32,9 @@ MEASURES = [
                                                        m.engine),
                                                       ("The busy node: a decoding rank beside prefilling neighbours",
                                                        m.busy)]),
-    (r"benchmarks[./]engine[./]busy_rules\b", [("The busy node on the default budget against the budget before "
-                                                 "decode CPUs, one session", m.busy_rules)]),
+    (r"benchmarks[./]engine[./]busy_rules\b", [("The busy node on the default budget (and with decode lookups "
+                                                 "on the GPU) against the budget before decode CPUs, one session",
+                                                 m.busy_rules)]),
     (r"benchmarks[./]node[./]ranks\b(?!.*--stage host)", [("The node's rows at 1, 4 and 8 ranks", m.ranks)]),
     (r"benchmarks[./]node[./]ranks\b.*--stage host\b", [("The node's rows, the host stage alone (no GPU shared by ranks)",
                                                          m.ranks)]),

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.budget_file import SMALL_ROWS
+
 PATHS = ("auto", "host", "uva")
+DECODE_PATHS = (None, "host", "uva")
+# A call of at most this many ids is decode-size: the node's budget serves it first on the host
+# path, and decode_path picks its path (the budget's small_rows: one fact, budget_file.py).
+DECODE_ROWS = SMALL_ROWS
 STRATEGIES = ("auto", "dedup", "direct")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 MAX_GATHER_THREADS = 16
@@ -51,6 +57,15 @@ def default_gather_threads(device: torch.device | str = "cpu") -> int:
     return max(1, min(MAX_GATHER_THREADS, cpus // max(1, gpus) - 1))
 
 
+def check_device_options(device: torch.device, hot_cache_bytes: int, decode_path: str | None) -> None:
+    """The client's options that need a CUDA device, refused by name on another (before anything is reached)."""
+    if hot_cache_bytes < 0 or (hot_cache_bytes and device.type != "cuda"):
+        raise ValueError(f"hot_cache_bytes={hot_cache_bytes}: the hot-row cache lives in GPU memory and "
+                         "needs a CUDA device and a non-negative budget")
+    if decode_path is not None and device.type != "cuda":
+        raise ValueError(f"decode_path={decode_path!r} picks a GPU path; a CPU client's lookups all run on the CPU")
+
+
 @dataclass(frozen=True)
 class LookupConfig:
     out_dtype: torch.dtype = torch.bfloat16
@@ -75,6 +90,10 @@ class LookupConfig:
     # HBM for the hot-row cache, 0: none.  One cache a layer on every path (lookup/cache/: packed rows,
     # up to half the node's frequency list, the rest recent misses), split between layers by their rows.
     hot_cache_bytes: int = 0
+    # Decode-size calls (at most DECODE_ROWS ids), eager or captured in a CUDA graph: None as any other
+    # call; "host"; "uva": the UVA kernel, which takes no CPU, so that a decoding rank does not wait
+    # for the node's CPUs while other ranks prefill (docs/integration.md, "Decode lookups on the GPU").
+    decode_path: str | None = None
     _uva_from: float = field(default=float("inf"), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +101,11 @@ class LookupConfig:
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {self.out_dtype}")
         if self.path not in PATHS:
             raise ValueError(f"lookup_path must be one of {', '.join(PATHS)}, got {self.path!r}")
+        if self.decode_path not in DECODE_PATHS:
+            raise ValueError(f"decode_path must be None, 'host' or 'uva', got {self.decode_path!r}")
+        if self.decode_path == "uva" and self.hot_cache_bytes:
+            raise ValueError("decode_path 'uva' serves no HBM row cache: pass hot_cache_bytes=0 with it, or "
+                             "decode_path='host'")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"lookup strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.max_programs is not None and (not isinstance(self.max_programs, int) or self.max_programs < 1):
@@ -103,6 +127,8 @@ class LookupConfig:
 
     def choose_path(self, ids: int) -> str:
         """"host" or "uva" for a call of ``ids`` ids (see the figures above)."""
+        if self.decode_path is not None and ids <= DECODE_ROWS:
+            return self.decode_path
         if self.path != "auto":
             return self.path
         if self.hot_cache_bytes:

@@ -8,7 +8,8 @@ On CPU the client's gather pool copies the rows out of the read-only mapping and
 dequantizes them.  On CUDA a call takes one of two paths (LookupConfig.path, chosen per call
 under "auto"): the host path (host_lookup.py: CPU threads gather, the copy engine moves rows,
 a small kernel dequantizes in HBM; capturable in CUDA graphs) or the UVA path (uva_lookup.py:
-the Triton kernel reads rows over PCIe).  Both serve from the layer's one HBM row cache where the
+the Triton kernel reads rows over PCIe; capturable for decode-size calls where the client asks for
+it by name, lookup_path or decode_path "uva").  Both serve from the layer's one HBM row cache where the
 client has one (``hbm_cache``: lookup/cache/).  Either way an id outside the table (or outside the
 registered row range) is never read: ids from the host raise IdsOutOfRangeError at once,
 others zero their rows and are reported once their lookup has finished (out_of_range.py).
@@ -24,10 +25,11 @@ from .dequant import dequantize_rows
 from ..core.errors import EngramError, IdsOutOfRangeError, NotAttachedError, NotCapturableError
 from ..core.layout import LayerLayout
 from .host.host_lookup import HostPath, count_outside, stream_capturing
-from .config import LookupConfig
+from .config import DECODE_ROWS, LookupConfig
 from .out_of_range import OutOfRangeLedger
 from .prefetch import PrefetchHandle
-from .uva.uva_lookup import uva_prefetch
+from .uva.graph_words import GraphWords
+from .uva.uva_lookup import uva_captured_prefetch, uva_prefetch
 
 
 @dataclass
@@ -48,6 +50,7 @@ class LayerTable:
     _host: HostPath | None = field(default=None, init=False, repr=False)
     _cache_kernels: object = field(default=None, init=False, repr=False)  # the UVA path's, built at its first call
     _zero_count: torch.Tensor | None = field(default=None, init=False, repr=False)
+    graph_words: GraphWords | None = field(default=None, init=False, repr=False)  # captured UVA calls' (uva/graph_words.py)
     _description: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,6 +59,7 @@ class LayerTable:
         if self.host_rows is None and self.rows_view.device.type == "cpu":
             self.host_rows = self.rows_view
         self.ledger = OutOfRangeLedger(self._describe)
+        self._take_graph_words()
         if self.pool is not None and self.host_rows is not None:
             self._host = HostPath(self.pool, self.head_dim, self.layout.row_bytes, self.device, self.stream,
                                   self.config, self.hbm_cache)
@@ -123,13 +127,27 @@ class LayerTable:
                                   hbm_cache)
         elif self._host is not None:
             self._host.cache = hbm_cache
+        self._take_graph_words()  # the old generation's were released with its rows
 
     def _retire(self, reason: str) -> None:
         self.retired, self.rows_view, self.host_rows = reason, None, None
         self.release()
 
+    def _take_graph_words(self) -> None:
+        """Words for decode-size calls captured on the UVA path: taken now, since a capture can neither
+        allocate memory it may free nor write a word before the graph runs."""
+        if self.graph_words is not None:  # rows swapped without a release: their graphs must still stop reading
+            self.graph_words.release()
+            self.graph_words = None
+        if self.device.type == "cuda" and self.retired is None and "uva" in (self.config.path, self.config.decode_path):
+            self.graph_words = GraphWords(self.device)
+            self.ledger.watch_total(self.graph_words.seen)
+
     def release(self) -> None:
         """The rows are going away (close, refresh): graphs captured here must not read them again."""
+        if self.graph_words is not None:
+            self.graph_words.release()
+            self.graph_words = None
         if self._host is not None:
             self._host.release()
         if self.hbm_cache is not None and self.stream is not None:
@@ -161,8 +179,11 @@ class LayerTable:
                                   shape, self._describe())
         caller = torch._C._cuda_getCurrentRawStream(self.device.index)
         capturing = stream_capturing(caller)
-        # A capture always takes the host path: the UVA path's sort and counters cannot be captured.
-        if capturing or self.config.choose_path(n) == "host":
+        path = self.config.choose_path(n)
+        if capturing and path == "uva" and n <= DECODE_ROWS and "uva" in (self.config.path, self.config.decode_path):
+            return uva_captured_prefetch(self, flat, shape)  # asked for by name; "auto" captures the host path
+        # A capture otherwise takes the host path: the UVA path's sort and eager counters cannot be captured.
+        if capturing or path == "host":
             if self._host is None:
                 raise NotCapturableError("lookups inside a CUDA graph capture need the host path, and this table "
                                          "has no gather pool") if capturing else \

@@ -5,7 +5,9 @@ the host they are counted before anything is enqueued and the call raises at onc
 were on the GPU (or replayed by a CUDA graph), the count exists only once the lookup has run:
 
 - the host gather adds it to ``counter``, an int64 in host memory written by the gather threads;
-- the UVA kernel's count is copied asynchronously into pinned memory, watched with its event.
+- the UVA kernel's count is copied asynchronously into pinned memory, watched with its event;
+- a UVA kernel captured in a CUDA graph adds to a running total that every replay copies into a
+  pinned word (uva/graph_words.py): the ledger reads how far that word moved since it last looked.
 
 ``raise_finished`` (called at every ``prefetch()`` and ``wait()`` of the table) reads both
 without waiting for anything and raises IdsOutOfRangeError for lookups that have finished
@@ -29,9 +31,14 @@ class OutOfRangeLedger:
         self.address = self.counter.ctypes.data
         self._reported = 0
         self._watched: deque = deque()  # (event, pinned int32 count) of UVA lookups of GPU ids
+        self._totals: list[list] = []  # [pinned int32 running total, its value when last read]: captured UVA lookups
 
     def watch(self, event, count) -> None:
         self._watched.append((event, count))
+
+    def watch_total(self, seen) -> None:
+        """A pinned int32 that only grows (modulo 2**32) by the out-of-range ids of finished replays."""
+        self._totals.append([seen, int(seen[0])])
 
     def raise_finished(self) -> None:
         total = int(self.counter[0])
@@ -40,6 +47,10 @@ class OutOfRangeLedger:
         # Querying an event inside a capture would invalidate the graph: those wait for an eager call.
         while watched and not _capturing() and watched[0][0].query():
             new += int(watched.popleft()[1][0])
+        for running in self._totals:
+            now = int(running[0][0])
+            new += (now - running[1]) % 2**32
+            running[1] = now
         if new:
             self._reported = total
             raise IdsOutOfRangeError(f"{new} ids in finished lookups were outside {self.describe()}; their rows "
@@ -48,6 +59,7 @@ class OutOfRangeLedger:
     def drain(self) -> None:
         """Forget what is watched (the client is closing or moving to another generation)."""
         self._watched.clear()
+        self._totals.clear()
         self._reported = int(self.counter[0])
 
 

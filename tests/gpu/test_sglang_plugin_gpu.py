@@ -22,14 +22,15 @@ pytestmark = pytest.mark.gpu
 TP, DP = 2, 2
 
 
-def test_tp2_dp2_ranks_on_one_gpu_get_sglangs_rows_eagerly_and_from_a_captured_graph(tmp_path):
+@pytest.mark.parametrize("decode_path", ["", "uva"])  # uva: ENGRAMD_DECODE_PATH, decode-size calls on the kernel
+def test_tp2_dp2_ranks_on_one_gpu_get_sglangs_rows_eagerly_and_from_a_captured_graph(tmp_path, decode_path):
     checkpoints = write_checkpoints(str(tmp_path))
     socket_dir = tempfile.mkdtemp(prefix="engt-")
     shm_dir = tempfile.mkdtemp(prefix="engt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     daemon = DaemonProcess(socket_dir, shm_dir, "--checkpoint", checkpoints["served"]).start()
     try:
         daemon.wait_state("ready")
-        port, env = free_port(), rank_env(daemon.endpoint)
+        port, env = free_port(), {**rank_env(daemon.endpoint), "ENGRAMD_DECODE_PATH": decode_path}
         specs = [rank_spec(rank, TP, DP, port, "cuda:0", ["serve", "graph"], str(tmp_path), checkpoints)
                  for rank in range(TP * DP)]
         ranks = [start_rank(spec, env) for spec in specs]

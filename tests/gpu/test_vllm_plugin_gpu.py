@@ -25,9 +25,10 @@ pytestmark = pytest.mark.gpu
 SCENARIOS = ["serve", "dead_ids", "decode_chain", "daemon_restart", "graph"]
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+# uva: ENGRAMD_DECODE_PATH, the ranks' decode-size calls (eager and in the graph) on the UVA kernel
+@pytest.mark.parametrize("version, decode_path", [("0.33.0", ""), ("0.34.0", ""), ("0.34.0", "uva")])
 def test_tp2_dp2_ranks_on_one_gpu_get_bit_exact_rows_eagerly_from_a_graph_and_through_a_daemon_restart(
-        tmp_path, version):
+        tmp_path, version, decode_path):
     checkpoints = write_checkpoints(str(tmp_path))
     socket_dir = tempfile.mkdtemp(prefix="engt-")
     shm_dir = tempfile.mkdtemp(prefix="engt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -36,7 +37,7 @@ def test_tp2_dp2_ranks_on_one_gpu_get_bit_exact_rows_eagerly_from_a_graph_and_th
     try:
         daemon.wait_state("ready")
         ranks = start_ranks(socket_dir, daemon.endpoint, checkpoints, SCENARIOS, 2, 2, "cuda:0", version,
-                            {"STANDIN_AVAILABLE_MEMORY": str(64 << 10)})
+                            {"STANDIN_AVAILABLE_MEMORY": str(64 << 10), "ENGRAMD_DECODE_PATH": decode_path})
         daemon, _ = restart_daemon_under(ranks, socket_dir, daemon, *args, timeout=300.0)
         outcomes = collect_ranks(socket_dir, ranks, timeout=300.0)
     finally:

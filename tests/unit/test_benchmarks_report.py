@@ -3,7 +3,7 @@ under docs/results/ (so the two cannot drift apart), each benchmark's run render
 the targets judged, and a run missing a key a measure needs is refused by file and key.
 
 The runs below are written as each benchmark writes its JSON (the dicts its code builds, with the
-summaries its own functions compute: node/ranks_verdict.judge, engine/e2e.busy_summary,
+summaries its own functions compute: node/ranks_verdict.judge, engine/e2e_summary.busy_summary,
 engine/busy_rules.with_baseline); their figures are
 made up for the test, shaped as the H200 machine's."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.report import page as report
 from benchmarks.engine.busy_rules import with_baseline
-from benchmarks.engine.e2e import busy_summary
+from benchmarks.engine.e2e_summary import busy_summary
 from benchmarks.node.ranks import judge
 from engram_client.tools.run_meta import run_meta
 
@@ -62,8 +62,8 @@ def e2e() -> dict:
 
 def busy_rules() -> dict:
     def rule(serve, median_x, lookup_x, rate):
-        return {"serve_options": serve, "median_x": median_x, "p90_x_median_alone": median_x * 1.03,
-                "lookup_p90_x": lookup_x, "neighbours_m_rows_per_s": rate}
+        return {"serve_options": serve, "step_alone_ms": 8.4, "step_busy_ms": 8.4 * median_x, "median_x": median_x,
+                "p90_x_median_alone": median_x * 1.03, "lookup_p90_x": lookup_x, "neighbours_m_rows_per_s": rate}
     summaries = with_baseline({"default": rule("", 1.005, 1.61, 27.6), "decode-0": rule("--decode-cpus 0", 1.134,
                                                                                       10.62, 29.9)}, "decode-0")
     return {"baseline": "decode-0", "rules": summaries,
@@ -143,6 +143,26 @@ def test_every_measure_is_a_table_with_its_baseline_ceiling_and_target(tmp_path)
     assert "| load into tmpfs huge=always, GB/s | 5.40 (4 threads) | 3.83 (cp) | — | — | — |" in text
     assert "NVIDIA H200, 16 CPUs (gpu-1), 2026-12-03, commit 0123456: " \
            "`python -m benchmarks.engine.e2e --busy-neighbours 3` (e2e.json)" in text
+
+
+def test_decode_lookups_on_the_gpu_are_judged_against_the_host_path_alone(tmp_path):
+    """A run with the gpu-decode rule adds its rows: each figure is its step or lookup beside the
+    neighbours over the baseline rule's rank alone (host path), not over its own time alone."""
+    run = busy_rules()
+    gpu = {"serve_options": "--decode-cpus 0", "step_alone_ms": 8.6, "step_busy_ms": 8.65, "step_busy_p90_ms": 8.7,
+           "median_x": 1.006, "p90_x_median_alone": 1.012, "lookup_p90_x": 0.95, "lookup_alone_p90_ms": 0.6,
+           "lookup_busy_p90_ms": 0.57, "neighbours_m_rows_per_s": 30.5}
+    base = {**run["rules"]["decode-0"], "step_busy_p90_ms": 9.9, "lookup_alone_p90_ms": 0.38, "lookup_busy_p90_ms": 4.0}
+    run["rules"] = with_baseline({"default": run["rules"]["default"], "decode-0": base, "gpu-decode": gpu}, "decode-0")
+    text = report.render(write(tmp_path, {"rules": run}))
+    words = "| decode lookups on the GPU (`--decode-cpus 0`, decode_path `uva`):"
+    assert f"{words} decode step beside the neighbours, median / host path's median alone | 1.030x | 1.134x " \
+           "(`--decode-cpus 0`) | 1.000x | ≤ 1.03x | met |" in text  # 8.65 / 8.4
+    assert f"{words} decode step beside them, p90 / host path's median alone | 1.036x |" in text
+    assert f"{words} a lone 6,144-row lookup beside them, p90 / host path's p90 alone | 1.50x | 10.62x " \
+           "(`--decode-cpus 0`) | 1.00x | ≤ 2x | met |" in text  # 0.57 / 0.38
+    assert f"{words} the neighbours' prefill rows/s meanwhile | 30.5 M (1.020x) | 29.9 M (`--decode-cpus 0`) | — " \
+           "| ≥ 0.9x | met |" in text
 
 
 def test_a_run_without_busy_neighbours_has_no_busy_table(tmp_path):

@@ -30,6 +30,8 @@ def test_defaults_are_valid_and_the_config_is_frozen():
     ({"gather_threads": 0}, "gather_threads must be an int from 1 to 1024, got 0"),
     ({"gather_threads": 2.5}, "gather_threads must be an int"),
     ({"hot_cache_bytes": -1}, "hot_cache_bytes must be a non-negative int"),
+    ({"decode_path": "gpu"}, "decode_path must be None, 'host' or 'uva', got 'gpu'"),
+    ({"decode_path": "uva", "hot_cache_bytes": 1 << 20}, "decode_path 'uva' serves no HBM row cache"),
 ])
 def test_each_bad_option_is_named(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -48,6 +50,28 @@ def test_auto_takes_the_host_path_unless_the_uva_kernel_is_clearly_faster():
     assert LookupConfig(path="host", gather_threads=1).choose_path(10**8) == "host"
     assert LookupConfig(hot_cache_bytes=1 << 20).choose_path(10**6) == "host"  # the HBM cache fronts the gather
     assert LookupConfig(hot_cache_bytes=1 << 20, path="uva").choose_path(10) == "uva"  # the same cache, its own fetch
+
+
+def test_decode_path_picks_the_path_of_decode_size_calls_only():
+    """At most DECODE_ROWS ids (the budget's small_rows) is decode-size: decode_path takes those, and
+    every larger call follows lookup_path as before; unset, nothing changes."""
+    from engram_client.core.budget_file import SMALL_ROWS
+    from engram_client.lookup.config import DECODE_ROWS
+
+    assert DECODE_ROWS == SMALL_ROWS
+    uva = LookupConfig(path="host", decode_path="uva")
+    assert [uva.choose_path(n) for n in (1, 6144, DECODE_ROWS, DECODE_ROWS + 1, 393216)] == ["uva"] * 3 + ["host"] * 2
+    host = LookupConfig(path="uva", decode_path="host")
+    assert host.choose_path(6144) == "host" and host.choose_path(DECODE_ROWS + 1) == "uva"
+    assert LookupConfig(gather_threads=1).choose_path(6144) == "uva"  # unset: "auto" decides as before
+    assert LookupConfig(decode_path="host", hot_cache_bytes=1 << 20).choose_path(6144) == "host"
+
+
+def test_a_cpu_client_refuses_a_decode_path_before_reaching_any_daemon(tmp_path):
+    from engram_client import EngramClient
+
+    with pytest.raises(ValueError, match="decode_path='uva' picks a GPU path; a CPU client's lookups all run on the CPU"):
+        EngramClient(endpoint=f"ipc://{tmp_path}/engramd.sock", device="cpu", decode_path="uva")
 
 
 def test_the_old_uva_cache_refresh_setting_is_refused_by_name(tmp_path):

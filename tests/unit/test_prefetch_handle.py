@@ -81,3 +81,20 @@ def test_strict_wait_raises_its_own_lookups_error_at_every_wait():
         with pytest.raises(IdsOutOfRangeError, match="2 ids in finished lookups were outside"):
             handle.wait()
     assert not handle.blocks_host
+
+
+def test_a_captured_lookups_running_total_is_reported_by_how_far_it_moved():
+    """A UVA lookup captured in a graph adds its out-of-range ids to a running total, copied into a
+    pinned word at every replay (a plain CPU tensor here): each call reports what the word gained
+    since the last look, once, across a wrap of 32 bits, and nothing once the ledger is drained."""
+    book = ledger()
+    seen = torch.tensor([2**31 - 2], dtype=torch.int32)  # replays before the table watched it count for nothing
+    book.watch_total(seen)
+    book.raise_finished()
+    seen[0] = -2**31 + 3  # five more, across the wrap
+    with pytest.raises(IdsOutOfRangeError, match=r"^5 ids in finished lookups were outside layer 14's rows \[0, 99\)"):
+        book.raise_finished()
+    book.raise_finished()  # reported once
+    seen[0] += 1
+    book.drain()  # the generation went: its graphs read nothing more, and what was left is forgotten
+    book.raise_finished()

@@ -13,6 +13,7 @@ up to READY_TIMEOUT_S.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,9 @@ from engram_client.attach.connection import DaemonConnection
 from engram_client.attach.daemon_probe import absent_reason
 from engram_client.attach.readiness import wait_ready
 
+# The engine's environment picks the decode-size calls' path (docs/integration.md, "Decode lookups on
+# the GPU"): unset or empty as every other call, "uva" or "host" by name.
+DECODE_PATH_VARIABLE = "ENGRAMD_DECODE_PATH"
 # A daemon that answers nothing within this is reported at once (not started, wrong socket)...
 REACH_TIMEOUT_S = 10.0
 # ...one that answers but is still loading is waited for: V4.1's ~200 GB table takes minutes.
@@ -91,7 +95,19 @@ class ProcessClient:
             return self._current
 
 
+def decode_path_asked() -> str | None:
+    """$ENGRAMD_DECODE_PATH: None (unset, empty), "host" or "uva"; anything else is refused."""
+    value = os.environ.get(DECODE_PATH_VARIABLE, "").strip()
+    if value in ("host", "uva"):
+        return value
+    if value:
+        raise IntegrationError(f"{DECODE_PATH_VARIABLE}={value!r}: set it to uva (decode-size lookups by the GPU "
+                               "kernel, no CPU) or host, or unset it")
+    return None
+
+
 def _attach(engine: Engine, head_start: int, part_heads: int) -> RankClient:
+    decode_path = decode_path_asked()  # before anything is reached: a typo is the user's first error
     connection = DaemonConnection(None)  # $ENGRAMD_SOCKET, else the default path
     advice = (f"start engramd before {engine.name} (engramd serve --checkpoint DIR), or set ENGRAMD_SOCKET "
               "to its socket")
@@ -111,7 +127,7 @@ def _attach(engine: Engine, head_start: int, part_heads: int) -> RankClient:
                   for entry in status["layers"]}
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
     client = EngramClient(endpoint=connection.endpoint, device=lookup_device(engine), timeout=READY_TIMEOUT_S,
-                          row_ranges=row_ranges, rank=rank)
+                          row_ranges=row_ranges, rank=rank, decode_path=decode_path)
     attached = RankClient(client, status, head_start, part_heads, engine.name)
     served = {layer: client.table(layer).head_sizes for layer in client.layers}
     wanted = {int(entry["layer"]): tuple(entry["head_sizes"]) for entry in status["layers"]}
@@ -119,5 +135,6 @@ def _attach(engine: Engine, head_start: int, part_heads: int) -> RankClient:
         client.close()
         raise IntegrationError(f"engramd's table changed while this rank attached ({attached.describe_table()} "
                                "before; a reload?): start the model again")
-    engine.log.info("attached to %s: layers %s, rows %s", attached.describe_table(), client.layers, row_ranges)
+    engine.log.info("attached to %s: layers %s, rows %s%s", attached.describe_table(), client.layers, row_ranges,
+                    f"; decode-size lookups on the {decode_path} path ({DECODE_PATH_VARIABLE})" if decode_path else "")
     return attached

@@ -27,22 +27,29 @@ ID_DTYPES = (torch.int32, torch.int64)
 
 
 @triton.jit
-def _lookup_kernel(table_ptr, ids_ptr, perm_ptr, out_ptr, bad_ptr, n_ids, row_lo, row_hi,
+def _lookup_kernel(table_ptr, ids_ptr, perm_ptr, out_ptr, bad_ptr, armed_ptr, n_ids, row_lo, row_hi,
                    ROW_BYTES: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   OUT_DTYPE: tl.constexpr, SORTED: tl.constexpr):
+                   OUT_DTYPE: tl.constexpr, SORTED: tl.constexpr, ARMED: tl.constexpr):
     """Direct: the row of ids[r] goes to out[r].  SORTED: ids_ptr holds the ids sorted and
     perm_ptr where each came from; each distinct id is fetched once, in address order, and
     written where its first occurrence goes (_copy_duplicates_kernel fills in the repeats).
+    ARMED (a launch captured in a CUDA graph): the word at armed_ptr is read first, and where it is
+    0 (the rows were released: graph_words.py) nothing is read, every row comes back zero and
+    nothing is counted bad.
 
     Each program walks blocks pid, pid + programs, ...: a bounded grid leaves SMs to the model."""
     cols = tl.arange(0, HEAD_DIM)
     bad = 0
+    live = True
+    if ARMED:
+        live = tl.load(armed_ptr, volatile=True) != 0
     for block in range(tl.program_id(0), tl.cdiv(n_ids, BLOCK_R), tl.num_programs(0)):
         r = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # int64: r * HEAD_DIM can pass 2^31
         in_call = r < n_ids
         ids = tl.load(ids_ptr + r, mask=in_call, other=0).to(tl.int64)
-        valid = in_call & (ids >= row_lo) & (ids < row_hi)
-        bad += tl.sum((in_call & ~valid).to(tl.int32), axis=0)
+        in_range = (ids >= row_lo) & (ids < row_hi)
+        valid = in_call & in_range & live
+        bad += tl.sum((in_call & ~in_range & live).to(tl.int32), axis=0)
         if SORTED:
             prev = tl.load(ids_ptr + r - 1, mask=in_call & (r > 0), other=0).to(tl.int64)
             write = in_call & ((r == 0) | (ids != prev))
@@ -98,9 +105,9 @@ def launch_lookup_dedup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tenso
     is_first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     run_start = torch.cummax(positions * is_first, 0).values
     grid = _grid(n, block_rows, config.max_programs)
-    _lookup_kernel[grid](table, sorted_ids, perm, out, bad_count, n, row_lo, row_hi,
+    _lookup_kernel[grid](table, sorted_ids, perm, out, bad_count, None, n, row_lo, row_hi,
                          ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
-                         SORTED=True, num_warps=num_warps)
+                         SORTED=True, ARMED=False, num_warps=num_warps)
     _copy_duplicates_kernel[grid](sorted_ids, perm, run_start, out, n, HEAD_DIM=head_dim, BLOCK_R=block_rows,
                                   num_warps=num_warps)
 
@@ -134,15 +141,18 @@ def _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes) -> N
 
 def launch_lookup(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, bad_count: torch.Tensor,
                   row_lo: int, row_hi: int, head_dim: int, row_bytes: int,
-                  config: LookupConfig = DEFAULT_CONFIG) -> None:
+                  config: LookupConfig = DEFAULT_CONFIG, armed: torch.Tensor | None = None) -> None:
     """Enqueue the lookup on the current stream.  ``table`` views rows [row_lo, row_hi); the grid,
-    block and warps come from ``config``."""
+    block and warps come from ``config``; ``armed`` (one int32 on the device, for a launch captured
+    in a CUDA graph): read at every run, 0 means the rows are gone (the kernel's docstring)."""
     _check(table, ids, out, bad_count, row_lo, row_hi, head_dim, row_bytes)
+    if armed is not None and (armed.device != table.device or armed.dtype != torch.int32 or armed.numel() != 1):
+        raise EngramError(f"armed must be one int32 on {table.device}, got {armed.numel()} {armed.dtype} on {armed.device}")
     n = ids.numel()
     if n == 0:
         return
     block_rows, num_warps = config.block_rows, config.num_warps
     grid = _grid(n, block_rows, config.max_programs)
-    _lookup_kernel[grid](table, ids, None, out, bad_count, n, row_lo, row_hi, ROW_BYTES=row_bytes,
+    _lookup_kernel[grid](table, ids, None, out, bad_count, armed, n, row_lo, row_hi, ROW_BYTES=row_bytes,
                          HEAD_DIM=head_dim, BLOCK_R=block_rows, OUT_DTYPE=OUT_DTYPES[out.dtype],
-                         SORTED=False, num_warps=num_warps)
+                         SORTED=False, ARMED=armed is not None, num_warps=num_warps)

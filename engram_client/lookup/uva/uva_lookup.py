@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ...core.errors import NotCapturableError
 from ..prefetch import PrefetchHandle
 
 # Measured on an H200 with a 64 GiB table (docs/BENCHMARKS.md): direct wins at 49,152 ids,
@@ -58,3 +59,32 @@ def uva_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchH
     return PrefetchHandle(out, shape, table._describe(), event=event, ledger=table.ledger,
                           strict=config.strict_ids, keep_alive=(flat, bad_count), timeout=config.wait_timeout)
 
+
+
+def uva_captured_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
+    """A decode-size call captured in a CUDA graph (LookupConfig.decode_path "uva", or lookup_path
+    "uva"): the direct kernel on the table's stream, reading the table's GraphWords, so that a replay
+    after the rows are gone reads nothing, and its out-of-range ids reach the ledger at a later call.
+    Ids from the host are copied to the GPU at every replay from where they are now, so they must
+    be pinned and contiguous: the graph keeps their address."""
+    from .lookup_kernel import launch_lookup
+
+    config, device, stream, words = table.config, table.device, table.stream, table.graph_words
+    if flat.device.type == "cpu" and not (flat.is_pinned() and flat.is_contiguous()):
+        raise NotCapturableError("ids from the host captured in a CUDA graph on the UVA path must be contiguous "
+                                 "and in pinned memory (torch.empty(..., pin_memory=True)): each replay copies "
+                                 "them to the GPU from that address")
+    caller = torch.cuda.current_stream(device)
+    out = torch.empty((flat.numel(), table.head_dim), dtype=config.out_dtype, device=device)
+    stream.wait_stream(caller)  # joins the capture: what follows is the graph's
+    with torch.cuda.stream(stream):
+        ids = flat.to(device, non_blocking=True).contiguous()
+        launch_lookup(table.rows_view, ids, out, words.bad, table.row_lo, table.row_hi, table.head_dim,
+                      table.layout.row_bytes, config, armed=words.armed)
+        words.after_launch()
+        event = torch.cuda.Event()
+        event.record(stream)
+    ids.record_stream(stream)
+    out.record_stream(stream)
+    return PrefetchHandle(out, shape, table._describe(), event=event, ledger=table.ledger,
+                          strict=config.strict_ids, keep_alive=(flat, ids), timeout=config.wait_timeout)

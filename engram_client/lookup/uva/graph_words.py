@@ -1,0 +1,55 @@
+"""The words a UVA lookup captured in a CUDA graph reads and writes at every replay.
+
+A graph holds raw addresses: it may be replayed after its client closed or moved to another
+generation, and long after the tensors of the call that captured it are gone.  So a captured UVA
+launch reads no memory that can go away without telling it:
+
+- ``armed`` (device): 1 while the rows it addresses are mapped; ``release`` writes 0, after which
+  a replay reads nothing from the table and returns zeros (the host path's disarm, in its terms);
+- ``bad`` (device): the out-of-range ids its replays counted, a running total never reset;
+- ``seen`` (pinned host): ``bad`` copied out after every replay, which the table's OutOfRangeLedger
+  reads at the next call without waiting for anything.
+
+The words are never freed: a graph may outlive every Python object of the call.  One set is taken
+per table and generation at its first captured UVA call (three words, bounded by the refreshes
+of the process), from blocks of WORDS_PER_BLOCK.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+WORDS_PER_BLOCK = 1024
+_lock = threading.Lock()
+_blocks: dict[torch.device, list] = {}  # device -> [device block, pinned block, next free word]
+_kept: list[torch.Tensor] = []  # every block ever made: referenced here, so never freed
+
+
+class GraphWords:
+    def __init__(self, device: torch.device):
+        with _lock:
+            block = _blocks.get(device)
+            if block is None or block[2] + 2 > WORDS_PER_BLOCK:
+                block = [torch.zeros(WORDS_PER_BLOCK, dtype=torch.int32, device=device),
+                         torch.zeros(WORDS_PER_BLOCK // 2, dtype=torch.int32, pin_memory=True), 0]
+                _kept.extend(block[:2])
+                _blocks[device] = block
+            at = block[2]
+            block[2] += 2
+        self.device = device
+        self.armed, self.bad = block[0][at:at + 1], block[0][at + 1:at + 2]
+        self.seen = block[1][at // 2:at // 2 + 1]
+        self.armed.fill_(1)  # on the current stream, before any capture that reads it
+        torch.cuda.current_stream(device).synchronize()
+
+    def after_launch(self) -> None:
+        """Copy the running total out (on the current stream, after the kernel that adds to it)."""
+        self.seen.copy_(self.bad, non_blocking=True)
+
+    def release(self) -> None:
+        """The rows are going away: replays from now on read nothing.  Every stream of the device is
+        waited for first (a replay running now still reads the rows), then ``armed`` is cleared."""
+        torch.cuda.synchronize(self.device)
+        self.armed.fill_(0)
+        torch.cuda.synchronize(self.device)
