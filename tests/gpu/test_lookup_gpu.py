@@ -207,12 +207,15 @@ def test_hot_row_cache_needs_cuda_and_a_sane_budget(demo_daemon):
 
 # The refused capture leaves an empty graph behind, and torch warns about it: expected here.
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
-def test_a_uva_only_client_refuses_a_lookup_inside_a_cuda_graph_capture_clearly(demo_daemon):
+def test_a_uva_only_client_refuses_a_prefill_size_lookup_inside_a_cuda_graph_capture_clearly(demo_daemon):
+    """Decode-size calls of such a client are captured on the kernel (tests/gpu/test_decode_path_gpu.py);
+    a larger one's sort needs sizes only its ids give, so it is refused before anything is enqueued."""
     from engram_client import NotCapturableError
+    from engram_client.lookup.config import DECODE_ROWS
 
     with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path="uva") as client:
         table = client.table(1)
-        ids = torch.arange(64, device="cuda")
+        ids = torch.arange(DECODE_ROWS + 1, device="cuda") % table.num_rows
         table.lookup(ids)  # warm: kernels compiled, buffers cached
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
@@ -221,7 +224,7 @@ def test_a_uva_only_client_refuses_a_lookup_inside_a_cuda_graph_capture_clearly(
                 with torch.cuda.graph(graph, stream=side):
                     table.prefetch(ids)
         # Outside the capture the same lookup works, and is exact.
-        assert_bf16_exact(table.lookup(ids), *demo_rows(0, 1, np.arange(64), 256))
+        assert_bf16_exact(table.lookup(ids), *demo_rows(0, 1, ids.cpu().numpy(), 256))
 
 
 @pytest.mark.parametrize("path", ["uva", "host"])

@@ -78,7 +78,7 @@ class _Slot:
             self.slotmap = torch.empty(capacity, dtype=torch.int32, device=stream.device)
             self.gather = torch.empty(capacity, dtype=torch.int64, device=stream.device)
             self.ids_dev = torch.empty(capacity, dtype=torch.int64, device=stream.device)
-        self.ids_pinned = None if graph else torch.empty(capacity, dtype=torch.int64, pin_memory=True)
+        self.ids_pinned = None if graph else torch.empty(capacity, dtype=torch.int64, device="cpu", pin_memory=True)
 
 
 class HostPath:

@@ -32,7 +32,7 @@ class GraphWords:
             block = _blocks.get(device)
             if block is None or block[2] + 2 > WORDS_PER_BLOCK:
                 block = [torch.zeros(WORDS_PER_BLOCK, dtype=torch.int32, device=device),
-                         torch.zeros(WORDS_PER_BLOCK // 2, dtype=torch.int32, pin_memory=True), 0]
+                         torch.zeros(WORDS_PER_BLOCK // 2, dtype=torch.int32, device="cpu", pin_memory=True), 0]
                 _kept.extend(block[:2])
                 _blocks[device] = block
             at = block[2]

@@ -36,7 +36,7 @@ def uva_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchH
     flat = flat.contiguous()
     # Allocated on the caller's stream, so the memory belongs to the consumer of the result.
     out = torch.empty((flat.numel(), table.head_dim), dtype=config.out_dtype, device=device)
-    count_host = None if host_checked else torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    count_host = None if host_checked else torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=True)
     stream.wait_stream(caller)  # the ids may still be being written on the caller's stream
     with torch.cuda.stream(stream):
         bad_count = table._unused_count() if host_checked else torch.zeros(1, dtype=torch.int32, device=device)
