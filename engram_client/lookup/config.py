@@ -91,8 +91,8 @@ class LookupConfig:
     # up to half the node's frequency list, the rest recent misses), split between layers by their rows.
     hot_cache_bytes: int = 0
     # Decode-size calls (at most DECODE_ROWS ids), eager or captured in a CUDA graph: None as any other
-    # call; "host"; "uva": the UVA kernel, which takes no CPU, so that a decoding rank does not wait
-    # for the node's CPUs while other ranks prefill (docs/integration.md, "Decode lookups on the GPU").
+    # call; "host"; "uva": the UVA kernel, which takes no CPU, so that a decoding rank leaves the node's
+    # CPUs to the ranks that prefill (docs/integration.md, "Decode lookups on the GPU").
     decode_path: str | None = None
     _uva_from: float = field(default=float("inf"), init=False, repr=False, compare=False)
 
