@@ -13,6 +13,7 @@ from engram_client import EngramClient, IdsOutOfRangeError, NotCapturableError
 from engram_client.core.demo_rows import demo_rows
 from engram_client.lookup.config import DECODE_ROWS
 from exactness import assert_bf16_exact
+from graph_replay import replay_with
 
 pytestmark = pytest.mark.gpu
 
@@ -43,18 +44,12 @@ def test_a_captured_decode_call_replays_exactly_on_the_kernel_and_reads_nothing_
         graph, static_out = capture(table, static_ids)
         for _ in range(4):
             ids = rng.integers(0, table.num_rows, static_ids.numel())
-            static_ids.copy_(torch.from_numpy(ids))
-            torch.cuda.synchronize()
-            graph.replay()
-            torch.cuda.synchronize()
+            replay_with(graph, static_ids, ids)
             assert_bf16_exact(static_out, *demo_rows(0, 14, ids, 256))
         assert rows_gathered(client) == gathered  # no row went through the CPUs
         # A replay with bad ids zeroes their rows, and the next call reports them, once.
         ids[[5, 9]] = [-3, table.num_rows]
-        static_ids.copy_(torch.from_numpy(ids))
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_with(graph, static_ids, ids)
         assert not static_out[5].any() and not static_out[9].any() and static_out[6].any()
         with pytest.raises(IdsOutOfRangeError, match="2 ids in finished lookups were outside layer 14's rows"):
             table.prefetch(torch.arange(4))

@@ -14,6 +14,7 @@ from engram_client import EngramClient, IdsOutOfRangeError, NotAttachedError
 from engram_client.core.demo_rows import demo_rows
 from engram_client.lookup.host.host_lookup import MAX_SLOTS
 from exactness import assert_bf16_exact, assert_float32_exact
+from graph_replay import replay_with
 
 pytestmark = pytest.mark.gpu
 
@@ -73,17 +74,11 @@ def test_a_captured_prefetch_replays_with_new_ids_in_the_same_buffer(demo_daemon
                 static_out = table.prefetch(static_ids).wait() * 1  # the model consumes it in the graph
         for replay in range(5):
             ids = rng.integers(0, table.num_rows, static_ids.numel())
-            static_ids.copy_(torch.from_numpy(ids))
-            torch.cuda.synchronize()
-            graph.replay()
-            torch.cuda.synchronize()
+            replay_with(graph, static_ids, ids)
             assert_bf16_exact(static_out, *demo_rows(0, 14, ids, 256))
         # A replay with a bad id zeroes its row and the next eager call reports it.
         ids[5] = -3
-        static_ids.copy_(torch.from_numpy(ids))
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_with(graph, static_ids, ids)
         assert not static_out[5].any()
         with pytest.raises(IdsOutOfRangeError, match="1 ids in finished lookups"):
             table.prefetch(torch.arange(4))
