@@ -19,6 +19,7 @@ CONFIG = "ENGRAMD_CONFIG"  # serve's TOML settings file (--config)
 VLLM = "ENGRAMD_VLLM"
 SGLANG = "ENGRAMD_SGLANG"
 DAEMON_USER = "ENGRAMD_DAEMON_USER"
+DECODE_PATH = "ENGRAMD_DECODE_PATH"
 TEST_BIND_NODE = "ENGRAMD_TEST_BIND_NODE"
 TEST_LOCK_GATE = "ENGRAMD_TEST_LOCK_GATE"
 
@@ -28,6 +29,7 @@ READERS = {
     VLLM: "the vLLM plugin: 1 switches it on (engram_client/integrations/vllm/settings.py)",
     SGLANG: "the SGLang plugin: 1 switches it on",
     DAEMON_USER: "every client: the daemon's user it trusts beside root and itself (engram_client/attach/socket_trust.py)",
+    DECODE_PATH: "the engines' plugins: their ranks' decode_path (engram_client/integrations/rank/rank_client.py)",
     TEST_BIND_NODE: "tests only: binds every NUMA replica to this real node (engramd/daemon/replicas.py)",
     TEST_LOCK_GATE: "tests only: pauses the daemon's start at its endpoint lock (tests/support/lock_pause_site)",
 }

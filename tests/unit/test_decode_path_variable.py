@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engram_client import IntegrationError
-from engram_client.integrations.rank.rank_client import DECODE_PATH_VARIABLE, decode_path_asked
+from engram_client.core.variables import DECODE_PATH as DECODE_PATH_VARIABLE
+from engram_client.integrations.rank.rank_client import decode_path_asked
 
 
 @pytest.mark.parametrize("value, path", [(None, None), ("", None), (" ", None), ("uva", "uva"), (" host ", "host")])

@@ -24,10 +24,8 @@ from engram_client import DaemonUnavailableError, EngramClient, IntegrationError
 from engram_client.attach.connection import DaemonConnection
 from engram_client.attach.daemon_probe import absent_reason
 from engram_client.attach.readiness import wait_ready
+from engram_client.core.variables import DECODE_PATH
 
-# The engine's environment picks the decode-size calls' path (docs/integration.md, "Decode lookups on
-# the GPU"): unset or empty as every other call, "uva" or "host" by name.
-DECODE_PATH_VARIABLE = "ENGRAMD_DECODE_PATH"
 # A daemon that answers nothing within this is reported at once (not started, wrong socket)...
 REACH_TIMEOUT_S = 10.0
 # ...one that answers but is still loading is waited for: V4.1's ~200 GB table takes minutes.
@@ -96,12 +94,14 @@ class ProcessClient:
 
 
 def decode_path_asked() -> str | None:
-    """$ENGRAMD_DECODE_PATH: None (unset, empty), "host" or "uva"; anything else is refused."""
-    value = os.environ.get(DECODE_PATH_VARIABLE, "").strip()
+    """$ENGRAMD_DECODE_PATH, the engine's choice of its decode-size calls' path (docs/integration.md,
+    "Decode lookups on the GPU"): None (unset, empty: as every other call), "host" or "uva"; anything
+    else is refused."""
+    value = os.environ.get(DECODE_PATH, "").strip()
     if value in ("host", "uva"):
         return value
     if value:
-        raise IntegrationError(f"{DECODE_PATH_VARIABLE}={value!r}: set it to uva (decode-size lookups by the GPU "
+        raise IntegrationError(f"{DECODE_PATH}={value!r}: set it to uva (decode-size lookups by the GPU "
                                "kernel, no CPU) or host, or unset it")
     return None
 
@@ -136,5 +136,5 @@ def _attach(engine: Engine, head_start: int, part_heads: int) -> RankClient:
         raise IntegrationError(f"engramd's table changed while this rank attached ({attached.describe_table()} "
                                "before; a reload?): start the model again")
     engine.log.info("attached to %s: layers %s, rows %s%s", attached.describe_table(), client.layers, row_ranges,
-                    f"; decode-size lookups on the {decode_path} path ({DECODE_PATH_VARIABLE})" if decode_path else "")
+                    f"; decode-size lookups on the {decode_path} path ({DECODE_PATH})" if decode_path else "")
     return attached
