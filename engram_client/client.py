@@ -105,7 +105,7 @@ class EngramClient:
                 log.info("engram_client: maps the replica of NUMA node %s (%s); this rank's node is %s",
                          replica["node"], replica["path"], "unknown" if state.numa_node is None else state.numa_node)
             state.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-            if self.device.type == "cpu" or self.lookup_config.path != "uva":
+            if self.device.type == "cpu" or self.lookup_config.takes_host_path:
                 self._take_seat(reply.get("budget") if self._use_budget else None, timeout)
             for layer, lv in state.mapped.layers.items():
                 state.tables[layer] = self._new_table(lv, state.mapped)

@@ -125,6 +125,11 @@ class LookupConfig:
         if slope > 0:
             object.__setattr__(self, "_uva_from", (UVA_MARGIN * UVA_FIXED_S - HOST_FIXED_S) / slope)
 
+    @property
+    def takes_host_path(self) -> bool:
+        """Whether some call may take the host path, so that the client needs its gather pool."""
+        return self.path != "uva" or self.decode_path == "host"
+
     def choose_path(self, ids: int) -> str:
         """"host" or "uva" for a call of ``ids`` ids (see the figures above)."""
         if self.decode_path is not None and ids <= DECODE_ROWS:

@@ -65,6 +65,9 @@ def test_decode_path_picks_the_path_of_decode_size_calls_only():
     assert host.choose_path(6144) == "host" and host.choose_path(DECODE_ROWS + 1) == "uva"
     assert LookupConfig(gather_threads=1).choose_path(6144) == "uva"  # unset: "auto" decides as before
     assert LookupConfig(decode_path="host", hot_cache_bytes=1 << 20).choose_path(6144) == "host"
+    # the gather pool is made where some call may take the host path
+    assert [LookupConfig(path=p, decode_path=d).takes_host_path for p, d in
+            (("uva", None), ("uva", "uva"), ("uva", "host"), ("host", "uva"), ("auto", None))] == [False, False] + [True] * 3
 
 
 def test_a_cpu_client_refuses_a_decode_path_before_reaching_any_daemon(tmp_path):
