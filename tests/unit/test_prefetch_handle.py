@@ -98,3 +98,4 @@ def test_a_captured_lookups_running_total_is_reported_by_how_far_it_moved():
     seen[0] += 1
     book.drain()  # the generation went: its graphs read nothing more, and what was left is forgotten
     book.raise_finished()
+

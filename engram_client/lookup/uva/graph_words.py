@@ -16,11 +16,17 @@ of the process), from blocks of WORDS_PER_BLOCK.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
 
+log = logging.getLogger("engram_client")
 WORDS_PER_BLOCK = 1024
+# How long release waits for the device's work in flight (a replay still reading the rows).  A
+# device held up for longer (a collective whose peers are gone) must not hold the client's close
+# or its process's exit with it: release then clears the word without waiting, and says so.
+DRAIN_TIMEOUT_S = 60.0
 _lock = threading.Lock()
 _blocks: dict[torch.device, list] = {}  # device -> [device block, pinned block, next free word]
 _kept: list[torch.Tensor] = []  # every block ever made: referenced here, so never freed
@@ -47,9 +53,28 @@ class GraphWords:
         """Copy the running total out (on the current stream, after the kernel that adds to it)."""
         self.seen.copy_(self.bad, non_blocking=True)
 
-    def release(self) -> None:
+    def release(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
         """The rows are going away: replays from now on read nothing.  Every stream of the device is
-        waited for first (a replay running now still reads the rows), then ``armed`` is cleared."""
-        torch.cuda.synchronize(self.device)
+        waited for first (a replay running now still reads the rows), then ``armed`` is cleared;
+        each wait is bounded by ``timeout``."""
+        drained = device_idle(self.device, timeout, "replays of graphs that read this table to finish")
         self.armed.fill_(0)
-        torch.cuda.synchronize(self.device)
+        if drained:
+            device_idle(self.device, timeout, "the word that stops this table's graph replays to be written")
+
+
+def device_idle(device: torch.device, timeout: float, waiting_for: str) -> bool:
+    """Wait up to ``timeout`` for every stream of ``device`` (torch.cuda.synchronize, which cannot be
+    bounded itself, on a thread of its own); False, with a warning naming what it waited for, if not."""
+    done = threading.Event()
+
+    def wait() -> None:
+        torch.cuda.synchronize(device)
+        done.set()
+
+    threading.Thread(target=wait, name="engram-graph-drain", daemon=True).start()
+    if done.wait(timeout):
+        return True
+    log.warning("engram_client: waited %.0f s on %s for %s; going on without them (the device is held up "
+                "elsewhere)", timeout, device, waiting_for)
+    return False
