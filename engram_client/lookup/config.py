@@ -130,6 +130,12 @@ class LookupConfig:
         """Whether some call may take the host path, so that the client needs its gather pool."""
         return self.path != "uva" or self.decode_path == "host"
 
+    @property
+    def captures_uva(self) -> bool:
+        """Whether decode-size calls captured in a CUDA graph take the UVA kernel: asked for by name
+        (lookup_path or decode_path "uva"); "auto" captures the host path."""
+        return "uva" in (self.path, self.decode_path)
+
     def choose_path(self, ids: int) -> str:
         """"host" or "uva" for a call of ``ids`` ids (see the figures above)."""
         if self.decode_path is not None and ids <= DECODE_ROWS:

@@ -139,7 +139,7 @@ class LayerTable:
         if self.graph_words is not None:  # rows swapped without a release: their graphs must still stop reading
             self.graph_words.release()
             self.graph_words = None
-        if self.device.type == "cuda" and self.retired is None and "uva" in (self.config.path, self.config.decode_path):
+        if self.device.type == "cuda" and self.retired is None and self.config.captures_uva:
             self.graph_words = GraphWords(self.device)
             self.ledger.watch_total(self.graph_words.seen)
 
@@ -180,8 +180,8 @@ class LayerTable:
         caller = torch._C._cuda_getCurrentRawStream(self.device.index)
         capturing = stream_capturing(caller)
         path = self.config.choose_path(n)
-        if capturing and path == "uva" and n <= DECODE_ROWS and "uva" in (self.config.path, self.config.decode_path):
-            return uva_captured_prefetch(self, flat, shape)  # asked for by name; "auto" captures the host path
+        if capturing and path == "uva" and n <= DECODE_ROWS and self.config.captures_uva:
+            return uva_captured_prefetch(self, flat, shape)
         # A capture otherwise takes the host path: the UVA path's sort and eager counters cannot be captured.
         if capturing or path == "host":
             if self._host is None:

@@ -68,6 +68,9 @@ def test_decode_path_picks_the_path_of_decode_size_calls_only():
     # the gather pool is made where some call may take the host path
     assert [LookupConfig(path=p, decode_path=d).takes_host_path for p, d in
             (("uva", None), ("uva", "uva"), ("uva", "host"), ("host", "uva"), ("auto", None))] == [False, False] + [True] * 3
+    # captures go to the kernel only where "uva" is asked for by name
+    assert [LookupConfig(path=p, decode_path=d).captures_uva for p, d in
+            (("uva", None), ("host", "uva"), ("auto", None), ("host", None), ("uva", "host"))] == [True] * 2 + [False] * 2 + [True]
 
 
 def test_a_cpu_client_refuses_a_decode_path_before_reaching_any_daemon(tmp_path):

@@ -60,7 +60,6 @@ def uva_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchH
                           strict=config.strict_ids, keep_alive=(flat, bad_count), timeout=config.wait_timeout)
 
 
-
 def uva_captured_prefetch(table, flat: torch.Tensor, shape: tuple[int, ...]) -> PrefetchHandle:
     """A decode-size call captured in a CUDA graph (LookupConfig.decode_path "uva", or lookup_path
     "uva"): the direct kernel on the table's stream, reading the table's GraphWords, so that a replay
