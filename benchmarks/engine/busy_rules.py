@@ -7,16 +7,17 @@
 For each rule it runs ``python -m benchmarks.engine.e2e`` on the 2048 x 16 model with its own
 daemon started with that rule's serve options (one after the other, so that every row comes from
 the same machine in the same session), and prints one table of the measures issue 35 judges: the
-decode step's median and p90 alone and beside the neighbours (a rule of DECODE_PATHS has its rank's
-decode-size calls, the lone lookup's included, on that path, and is judged against its own time alone), a lone 6,144-id lookup's p90 against
+decode step's median and p90 alone and beside the neighbours, a lone 6,144-id lookup's p90 against
 its p90 alone, and the neighbours' own prefill rows/s, with the neighbours' rate against the
 --baseline rule's (decode-0 by default: the budget before decode CPUs, which issue 35 judges the
-neighbours' rate against).  A ratio of two runs in one session is the measure, not a rate against
-another day's: the neighbours' rate moved by up to 9% between runs of one rule in one session on
-the H200 machine and by 14% on the H100 machine, and more between sessions.  --keep DIR keeps each rule's e2e JSON as DIR/<rule>.json
-(the default rule's is the page's engine_e2e.json of the same session).  The rules are
-benchmarks/busy_neighbours.RULES; docs/integration.md ("Ranks, CPUs and the gather budget") says
-when an operator picks each.
+neighbours' rate against).  A rule of DECODE_PATHS has its rank's decode-size calls, the lone
+lookup's included, on that path; its step and lookup are also put against the baseline rule's rank
+alone, whose calls all take the host path.  A ratio of two runs in one session is the measure, not
+a rate against another day's: the neighbours' rate moved by up to 9% between runs of one rule in
+one session on the H200 machine and by 14% on the H100 machine, and more between sessions.
+--keep DIR keeps each rule's e2e JSON as DIR/<rule>.json (the default rule's is the page's
+engine_e2e.json of the same session).  The rules are benchmarks/busy_neighbours.RULES;
+docs/integration.md ("Ranks, CPUs and the gather budget") says when an operator picks each.
 """
 from __future__ import annotations
 

@@ -130,35 +130,37 @@ def busy_rules(doc) -> list[tuple]:
             (("median_x", "median / alone"), ("p90_x_median_alone", "p90 / median alone"))]
     rows.append(row("a lone 6,144-row lookup beside them, p90 / p90 alone", f"{doc.get(*at, 'lookup_p90_x'):.2f}x",
                     f"{doc.get(*theirs, 'lookup_p90_x'):.2f}x (`{serve}`)", "1.00x"))
-    ratio = doc.get(*at, "neighbours_x_baseline")
-    rows.append(row("the neighbours' prefill rows/s meanwhile", f"{doc.get(*at, 'neighbours_m_rows_per_s'):.1f} M "
-                    f"({ratio:.3f}x)", f"{doc.get(*theirs, 'neighbours_m_rows_per_s'):.1f} M (`{serve}`)", NONE,
-                    "busy_neighbours_x_baseline", ratio))
+    rows.append(neighbours_row(doc, at, theirs, serve, ""))
     if "gpu-decode" in doc.get("rules"):
         rows += gpu_decode(doc, ("rules", "gpu-decode"), theirs, serve)
     return rows
 
 
+def neighbours_row(doc, at: tuple, theirs: tuple, serve: str, words: str) -> tuple:
+    """The neighbours' prefill rows/s beside rule ``at``'s decoding rank, judged against the baseline rule's."""
+    ratio = doc.get(*at, "neighbours_x_baseline")
+    return row(f"{words}the neighbours' prefill rows/s meanwhile",
+               f"{doc.get(*at, 'neighbours_m_rows_per_s'):.1f} M ({ratio:.3f}x)",
+               f"{doc.get(*theirs, 'neighbours_m_rows_per_s'):.1f} M (`{serve}`)", NONE, "busy_neighbours_x_baseline",
+               ratio)
+
+
 def gpu_decode(doc, at: tuple, theirs: tuple, serve: str) -> list[tuple]:
-    """The rule whose rank takes the UVA kernel for decode-size calls (`--decode-cpus 0`, decode_path
-    uva), judged against the baseline rule's rank alone, whose calls all took the host path: the
-    mode's own cost is in these figures, not only its gain."""
-    words = "decode lookups on the GPU (`--decode-cpus 0`, decode_path `uva`):"
-    ours = [(f"{words} decode step beside the neighbours, median / host path's median alone", "step_busy_x_baseline_alone",
+    """The rule whose rank takes the UVA kernel for decode-size calls (its serve options and decode path
+    as the run recorded them), judged against the baseline rule's rank alone, whose calls all took the
+    host path: the mode's own cost is in these figures, not only its gain."""
+    words = (f"decode lookups on the GPU (`{doc.get(*at, 'serve_options')}`, decode_path "
+             f"`{doc.get(*at, 'decode_path')}`): ")
+    ours = [(f"{words}decode step beside the neighbours, median / host path's median alone", "step_busy_x_baseline_alone",
              "median_x", "busy_step_median_x", 3),
-            (f"{words} decode step beside them, p90 / host path's median alone", "step_p90_x_baseline_alone",
+            (f"{words}decode step beside them, p90 / host path's median alone", "step_p90_x_baseline_alone",
              "p90_x_median_alone", "busy_step_p90_x", 3),
-            (f"{words} a lone 6,144-row lookup beside them, p90 / host path's p90 alone", "lookup_p90_x_baseline_alone",
+            (f"{words}a lone 6,144-row lookup beside them, p90 / host path's p90 alone", "lookup_p90_x_baseline_alone",
              "lookup_p90_x", "busy_lookup_p90_x", 2)]
     rows = [row(measure, f"{doc.get(*at, key):.{digits}f}x", f"{doc.get(*theirs, base):.{digits}f}x (`{serve}`)",
                 "1.000x" if digits == 3 else "1.00x", target, doc.get(*at, key))
             for measure, key, base, target, digits in ours]
-    ratio = doc.get(*at, "neighbours_x_baseline")
-    rows.append(row(f"{words} the neighbours' prefill rows/s meanwhile",
-                    f"{doc.get(*at, 'neighbours_m_rows_per_s'):.1f} M ({ratio:.3f}x)",
-                    f"{doc.get(*theirs, 'neighbours_m_rows_per_s'):.1f} M (`{serve}`)", NONE,
-                    "busy_neighbours_x_baseline", ratio))
-    return rows
+    return rows + [neighbours_row(doc, at, theirs, serve, words)]
 
 
 def ranks(doc) -> list[tuple]:

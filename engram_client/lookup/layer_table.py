@@ -136,9 +136,6 @@ class LayerTable:
     def _take_graph_words(self) -> None:
         """Words for decode-size calls captured on the UVA path: taken now, since a capture can neither
         allocate memory it may free nor write a word before the graph runs."""
-        if self.graph_words is not None:  # rows swapped without a release: their graphs must still stop reading
-            self.graph_words.release()
-            self.graph_words = None
         if self.device.type == "cuda" and self.retired is None and self.config.captures_uva:
             self.graph_words = GraphWords(self.device)
             self.ledger.watch_total(self.graph_words.seen)

@@ -11,8 +11,9 @@ launch reads no memory that can go away without telling it:
   reads at the next call without waiting for anything.
 
 The words are never freed: a graph may outlive every Python object of the call.  One set is taken
-per table and generation at its first captured UVA call (three words, bounded by the refreshes
-of the process), from blocks of WORDS_PER_BLOCK.
+per table and generation when the table is made or swapped, outside any capture, by a client that
+may capture on the kernel (LookupConfig.captures_uva): three words, bounded by the refreshes of the
+process, from blocks of WORDS_PER_BLOCK.
 """
 from __future__ import annotations
 
