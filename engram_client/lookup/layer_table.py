@@ -29,7 +29,7 @@ from .config import DECODE_ROWS, LookupConfig
 from .out_of_range import OutOfRangeLedger
 from .prefetch import PrefetchHandle
 from .uva.graph_words import GraphWords
-from .uva.uva_lookup import uva_captured_prefetch, uva_prefetch
+from .uva.uva_lookup import uva_prefetch, uva_words_prefetch
 
 
 @dataclass
@@ -140,6 +140,16 @@ class LayerTable:
             self.graph_words = GraphWords(self.device)
             self.ledger.watch_total(self.graph_words.seen)
 
+    def _takes_words(self, flat: torch.Tensor, capturing: bool) -> bool:
+        """Whether a decode-size call on the kernel launches on the table's GraphWords: every captured
+        one where the config captures on the kernel, and the eager ones with ids on this device (no
+        count of their own to allocate, copy and watch), unless the HBM row cache or the dedup
+        strategy asks for uva_prefetch's launch."""
+        if capturing:
+            return self.config.captures_uva
+        return (self.graph_words is not None and flat.device == self.device and self.hbm_cache is None
+                and self.config.strategy != "dedup")
+
     def release(self) -> None:
         """The rows are going away (close, refresh): graphs captured here must not read them again."""
         if self.graph_words is not None:
@@ -177,8 +187,8 @@ class LayerTable:
         caller = torch._C._cuda_getCurrentRawStream(self.device.index)
         capturing = stream_capturing(caller)
         path = self.config.choose_path(n)
-        if capturing and path == "uva" and n <= DECODE_ROWS and self.config.captures_uva:
-            return uva_captured_prefetch(self, flat, shape)
+        if path == "uva" and n <= DECODE_ROWS and self._takes_words(flat, capturing):
+            return uva_words_prefetch(self, flat, shape)
         # A capture otherwise takes the host path: the UVA path's sort and eager counters cannot be captured.
         if capturing or path == "host":
             if self._host is None:

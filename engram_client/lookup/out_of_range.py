@@ -6,8 +6,9 @@ were on the GPU (or replayed by a CUDA graph), the count exists only once the lo
 
 - the host gather adds it to ``counter``, an int64 in host memory written by the gather threads;
 - the UVA kernel's count is copied asynchronously into pinned memory, watched with its event;
-- a UVA kernel captured in a CUDA graph adds to a running total that every replay copies into a
-  pinned word (uva/graph_words.py): the ledger reads how far that word moved since it last looked.
+- a decode-size UVA call of a client that captures on the kernel, replayed or eager, adds to a
+  running total that every call copies into a pinned word (uva/graph_words.py): the ledger reads
+  how far that word moved since it last looked.
 
 ``raise_finished`` (called at every ``prefetch()`` and ``wait()`` of the table) reads both
 without waiting for anything and raises IdsOutOfRangeError for lookups that have finished
@@ -49,8 +50,12 @@ class OutOfRangeLedger:
             new += int(watched.popleft()[1][0])
         for running in self._totals:
             now = int(running[0][0])
-            new += (now - running[1]) % 2**32
-            running[1] = now
+            moved = (now - running[1]) % 2**32
+            # A copy that landed after a later one (calls on two streams) moves the word back: nothing
+            # new, and the later copy's total is counted when it lands.
+            if moved < 2**31:
+                new += moved
+                running[1] = now
         if new:
             self._reported = total
             raise IdsOutOfRangeError(f"{new} ids in finished lookups were outside {self.describe()}; their rows "

@@ -75,6 +75,26 @@ def test_eager_calls_take_the_kernel_up_to_decode_size_and_the_host_path_above(d
         assert client.lookup_path_info["decode_path"] == "uva"
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_eager_decode_call_with_ids_on_the_gpu_counts_its_bad_ids_in_the_tables_words(demo_daemon, strict):
+    """Eager decode-size calls with ids on the GPU launch as a captured one does, on the table's words
+    (no count of their own to allocate, copy and watch): their bad ids are reported once, at the
+    call's own wait once it has finished (strict mode waits for that), and counted in the words."""
+    with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path="host", decode_path="uva",
+                      strict_ids=strict) as client:
+        table = client.table(14)
+        ids = torch.from_numpy(np.random.default_rng(9).integers(0, table.num_rows, 6144)).cuda()
+        ids[[3, 7]] = torch.tensor([-1, table.num_rows + 5], device="cuda")
+        handle = table.prefetch(ids)
+        if not strict:
+            torch.cuda.synchronize()  # finished, so that this wait reports it (else the next call would)
+        with pytest.raises(IdsOutOfRangeError, match="^2 ids in finished lookups were outside layer 14's rows"):
+            handle.wait()
+        assert table.graph_words.bad.item() == 2
+        good = np.random.default_rng(10).integers(0, table.num_rows, 6144)
+        assert_bf16_exact(table.lookup(torch.from_numpy(good).cuda()), *demo_rows(0, 14, good, 256))
+
+
 def test_a_captured_prefill_size_call_still_takes_the_host_path(demo_daemon):
     with EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path="host",
                       decode_path="uva") as client:

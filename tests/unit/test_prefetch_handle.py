@@ -99,3 +99,19 @@ def test_a_captured_lookups_running_total_is_reported_by_how_far_it_moved():
     book.drain()  # the generation went: its graphs read nothing more, and what was left is forgotten
     book.raise_finished()
 
+
+
+def test_a_running_total_that_a_late_copy_moved_back_reports_nothing_until_the_later_copy_lands():
+    """Calls on two streams (an eager decode-size call beside a replay) each copy the total out: the
+    older copy may land last.  The word going back is no new id, and the ids counted in the later
+    copy are reported once, when the word shows them again."""
+    book = ledger()
+    seen = torch.tensor([10], dtype=torch.int32)
+    book.watch_total(seen)
+    book.raise_finished()
+    seen[0] = 7  # a stale copy, three behind what the ledger read
+    book.raise_finished()  # nothing: not 2**32 - 3 ids
+    seen[0] = 12
+    with pytest.raises(IdsOutOfRangeError, match="^2 ids in finished lookups"):
+        book.raise_finished()
+    book.raise_finished()

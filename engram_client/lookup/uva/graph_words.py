@@ -1,4 +1,5 @@
-"""The words a UVA lookup captured in a CUDA graph reads and writes at every replay.
+"""The words a UVA lookup captured in a CUDA graph reads and writes at every replay (and an eager
+decode-size call of the same client, so that it needs no count of its own: uva_words_prefetch).
 
 A graph holds raw addresses: it may be replayed after its client closed or moved to another
 generation, and long after the tensors of the call that captured it are gone.  So a captured UVA
