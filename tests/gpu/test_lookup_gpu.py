@@ -235,7 +235,10 @@ def test_lookups_never_block_the_host_and_a_strict_wait_times_out(demo_daemon, p
             EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path=path, strict_ids=True) as strict:
         table = client.table(14)
         ids = np.random.default_rng(3).integers(0, table.num_rows, 6144)
-        table.lookup(torch.from_numpy(ids).cuda())  # warm: kernels compiled
+        # Warm: kernels compiled, for ids from the host and on the GPU alike (a UVA client launches the
+        # two on different kernels: lookup_kernel.py's ARMED), so that no compile outlasts the sleep below.
+        table.lookup(torch.from_numpy(ids).cuda())
+        table.lookup(torch.from_numpy(ids))
         gpu_ids = torch.from_numpy(ids[::-1].copy()).cuda()  # a pageable copy syncs: make it before the sleep
         # Hold the caller's stream for a long while: the lookups, ordered after it, cannot start.
         torch.cuda._sleep(2_000_000_000)
