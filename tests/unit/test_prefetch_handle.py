@@ -100,7 +100,6 @@ def test_a_captured_lookups_running_total_is_reported_by_how_far_it_moved():
     book.raise_finished()
 
 
-
 def test_a_running_total_that_a_late_copy_moved_back_reports_nothing_until_the_later_copy_lands():
     """Calls on two streams (an eager decode-size call beside a replay) each copy the total out: the
     older copy may land last.  The word going back is no new id, and the ids counted in the later

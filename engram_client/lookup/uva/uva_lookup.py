@@ -4,8 +4,8 @@ Ids from the host were range-checked there (so the kernel's count stays zero and
 back); ids on the GPU are counted by the kernel, and the count is copied into pinned memory
 and watched by the table's OutOfRangeLedger: ``wait()`` does not block the host for it (strict
 mode aside).  Decode-size calls of a client that captures on the kernel count into the table's
-GraphWords instead, eager or captured (uva_words_prefetch).  With the table's HBM row cache (``hbm_cache``) a call reads only its misses over PCIe
-(cached_lookup.py), whatever the strategy.
+GraphWords instead, eager or captured (uva_words_prefetch).  With the table's HBM row cache
+(``hbm_cache``) a call reads only its misses over PCIe (cached_lookup.py), whatever the strategy.
 """
 from __future__ import annotations
 
