@@ -50,7 +50,7 @@ class LayerTable:
     _host: HostPath | None = field(default=None, init=False, repr=False)
     _cache_kernels: object = field(default=None, init=False, repr=False)  # the UVA path's, built at its first call
     _zero_count: torch.Tensor | None = field(default=None, init=False, repr=False)
-    graph_words: GraphWords | None = field(default=None, init=False, repr=False)  # captured UVA calls' (uva/graph_words.py)
+    graph_words: GraphWords | None = field(default=None, init=False, repr=False)  # UVA decode calls' (_takes_words)
     _description: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -134,8 +134,9 @@ class LayerTable:
         self.release()
 
     def _take_graph_words(self) -> None:
-        """Words for decode-size calls captured on the UVA path: taken now, since a capture can neither
-        allocate memory it may free nor write a word before the graph runs."""
+        """Words for decode-size calls on the UVA path (captured ones, and the eager ones _takes_words
+        gives them): taken now, since a capture can neither allocate memory it may free nor write a
+        word before the graph runs."""
         if self.device.type == "cuda" and self.retired is None and self.config.captures_uva:
             self.graph_words = GraphWords(self.device)
             self.ledger.watch_total(self.graph_words.seen)

@@ -32,13 +32,14 @@ class OutOfRangeLedger:
         self.address = self.counter.ctypes.data
         self._reported = 0
         self._watched: deque = deque()  # (event, pinned int32 count) of UVA lookups of GPU ids
-        self._totals: list[list] = []  # [pinned int32 running total, its value when last read]: captured UVA lookups
+        self._totals: list[list] = []  # [pinned int32 running total, its value when last read]: GraphWords' calls
 
     def watch(self, event, count) -> None:
         self._watched.append((event, count))
 
     def watch_total(self, seen) -> None:
-        """A pinned int32 that only grows (modulo 2**32) by the out-of-range ids of finished replays."""
+        """A pinned int32 copy of a running total that only grows (modulo 2**32) by the out-of-range ids
+        of finished calls, replayed or eager (a late copy may show it behind what was read: nothing new)."""
         self._totals.append([seen, int(seen[0])])
 
     def raise_finished(self) -> None:
