@@ -15,7 +15,7 @@ path, with fresh uniform ids every call, the GPU idle before each call:
   prefill        GPU-visible time of 393,216 ids on the GPU;
   pieces         where an eager call's host time goes, piece by piece (ids on the host);
   engine_thread  a fixed pure-Python loop on this thread while the pool's watcher naps and while
-                 it spins (what a spinning watcher costs the engine's own thread).
+                 it spins (what a spinning watcher costs the engine's own thread), on a pool alone.
 Medians.
 """
 from __future__ import annotations
@@ -131,8 +131,15 @@ def pieces(table, rows: int, iterations: int) -> dict:
     return {key: statistics.median(v[5:]) for key, v in times.items()}
 
 
-def engine_thread(table, iterations: int) -> dict:
-    """A fixed pure-Python loop timed on this thread, the pool napping vs its watcher spinning."""
+def engine_thread(endpoint: str, iterations: int) -> dict:
+    """A fixed pure-Python loop timed on this thread, the pool napping vs its watcher spinning.  The
+    client's pool is alone (gather_budget=False): on the node's budget the watcher does not spin after
+    a lookup (engine/pool.h, pool_spin_room)."""
+    with EngramClient(endpoint=endpoint, device="cuda:0", lookup_path="host", gather_budget=False) as client:
+        return _engine_thread(client.table(client.layers[0]), iterations)
+
+
+def _engine_thread(table, iterations: int) -> dict:
     def loop_us() -> float:
         t0 = time.perf_counter()
         total = 0
@@ -174,7 +181,7 @@ def measure(endpoint: str, signalling: str | None, rows: int, iterations: int) -
                     result[f"chunks_{chunks}"] = {"eager_gpu_ids": eager(table, rows, iterations, "cuda"),
                                                   "replay": replay(table, rows, iterations)}
                 host_lookup.DECODE_CHUNK_ROWS = saved
-                result["engine_thread"] = engine_thread(table, 50)
+                result["engine_thread"] = engine_thread(endpoint, 50)
         return result
 
 

@@ -283,6 +283,45 @@ def test_idle_workers_sleep_once_the_spin_window_and_the_expected_replays_have_p
         _host_gather.set_signal_tuning(-1, 20_000, 1_000_000)
 
 
+@pytest.mark.parametrize("on_budget", [True, False])
+def test_on_the_node_budget_the_watcher_naps_after_a_job_where_a_pool_alone_spins(table, on_budget):
+    """The budget counts only threads that gather on its tokens, so a budgeted pool's watcher does not
+    spin after a job (pool.h, pool_spin_room): every gather thread is seen asleep well inside the spin
+    window, and the napping watcher still answers.  A pool alone (the control) keeps one spinning."""
+    from engram_client.core import budget_file
+
+    saved = _host_gather.get_signal_tuning()
+    _host_gather.set_signal_tuning(5_000_000_000, 20_000, 1_000_000)  # spin 5 s after the last job
+    fd = budget_file.create([2])
+    try:
+        budget = _host_gather.NodeBudget(fd, 0, 2, budget_file.MAX_SLOTS) if on_budget else None
+        pool = _host_gather.GatherPool(2, caller_gathers=False, budget=budget)
+        try:
+            slot = _host_gather.SignalTestSlot(pool, 500, ROW_BYTES, graph=True)
+            stream = SimulatedStream(slot, 500)
+            ids = np.arange(500, dtype=np.int64)
+            counter = np.zeros(1, dtype=np.int64)
+            slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, 500, counter.ctypes.data, 2)
+            np.testing.assert_array_equal(stream.run(500), table[ids])  # one job: no period to predict
+            time.sleep(0.05)
+            seen_asleep = set()
+            for _ in range(100):  # 0.2 s or more, all inside the 5 s window
+                seen_asleep |= {tid for tid, name, state in thread_states() if name == "engram-gather" and state == "S"}
+                time.sleep(0.002)
+            gather_tids = {tid for tid, name, _ in thread_states() if name == "engram-gather"}
+            assert len(gather_tids) == 2
+            if on_budget:
+                assert gather_tids <= seen_asleep
+            else:
+                assert len(gather_tids - seen_asleep) == 1, "a pool alone keeps its watcher spinning after a job"
+            np.testing.assert_array_equal(stream.run(500), table[ids])
+        finally:
+            pool.close()
+    finally:
+        os.close(fd)
+        _host_gather.set_signal_tuning(*saved)
+
+
 def thread_states() -> list[tuple[str, str, str]]:
     """(tid, name, state) of this process's threads, from /proc."""
     out = []

@@ -273,8 +273,14 @@ static int workers_to_wake(Pool *pool, const Job *job) {
     return free > 1 ? free : 1;  /* one at least: it waits for a token, and the job's own thread may help */
 }
 
+/* What the watcher may spin for (pool.h's pool_spin_room; no lock: hints, read as it spins). */
+static int spin_room(Pool *pool) {
+    NodeBudget *b = atomic_load(&pool->budget);
+    if (!nb_usable(b)) return SPIN_ANY;
+    return nb_held_total(b) < b->tokens ? SPIN_WINDOW : SPIN_NONE;
+}
+
 const PoolBudgetOps pool_budget_ops = {
     .worker_main = budget_worker_main, .wait_chunk = budget_wait_chunk, .job_starting = job_starting,
-    .crew_takes = crew_takes,
-    .workers_to_wake = workers_to_wake, .unref = nb_unref,
+    .crew_takes = crew_takes, .workers_to_wake = workers_to_wake, .unref = nb_unref, .spin_room = spin_room,
 };

@@ -21,6 +21,7 @@ typedef struct {
     int (*workers_to_wake)(Pool *pool, const Job *job);  /* sleeping workers a job being listed, or (NULL) a
                                                             pre-wake, should wake (lock held) */
     void (*unref)(struct NodeBudget *budget);        /* the pool lets go of a budget */
+    int (*spin_room)(Pool *pool);                    /* SPIN_*: what a thread holding no token may spin for */
 } PoolBudgetOps;
 
 /* What a pool asks of its stream signals (signal.c, signal_set.c fill it; the pool never reads a Signal). */
@@ -93,6 +94,15 @@ static inline int signals_poll(Pool *pool) {
 
 static inline int signals_watch(Pool *pool) {
     return atomic_load(&pool->signals) ? pool->signal_ops->watch(pool) : 0;
+}
+
+/* What a thread that holds no token (the signal watcher, signal_set.c) may spin for rather than nap:
+ * anything where the pool alone decides; on a node budget, which counts only the threads that gather,
+ * only the short window around an expected replay, and only while a token is unheld. */
+enum { SPIN_NONE = 0, SPIN_WINDOW = 1, SPIN_ANY = 2 };
+
+static inline int pool_spin_room(Pool *pool) {
+    return atomic_load(&pool->budget) == NULL ? SPIN_ANY : pool->budget_ops->spin_room(pool);
 }
 
 /* The pool. */

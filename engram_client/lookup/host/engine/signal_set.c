@@ -151,7 +151,8 @@ static int set_watch(Pool *pool) {
     while (!atomic_load(&pool->stop) && !atomic_load(&pool->lists[WORKERS].listed) && atomic_load(&set->count)) {
         if (set_claim_any(set)) break;
         int64_t now = now_ns(), since = now - atomic_load(&set->last_seen_ns);
-        if (since < signal_tuning.spin_ns) {
+        int room = pool_spin_room(pool);
+        if (since < signal_tuning.spin_ns && room == SPIN_ANY) {
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;
         }
@@ -164,6 +165,10 @@ static int set_watch(Pool *pool) {
                 if (woken_for != expect) {
                     pool_prewake_until(pool, expect + lead);
                     woken_for = expect;
+                }
+                if (room == SPIN_NONE) {
+                    nap_ns(signal_tuning.poll_min_ns);
+                    continue;
                 }
                 for (int i = 0; i < 32; i++) cpu_relax();
                 continue;
