@@ -94,6 +94,9 @@ def test_gpu_ids_out_of_range_are_reported_after_their_lookup_without_a_host_syn
             EngramClient(endpoint=demo_daemon.endpoint, device="cuda:0", lookup_path=path, strict_ids=True) as strict:
         table = client.table(1)
         bad = torch.tensor([0, -5, table.num_rows, 2**40, 7, -5], device="cuda")
+        # Warm: the kernel a UVA client launches for ids like these on the GPU compiled (lookup_kernel.py's
+        # ARMED; Triton specializes on their dtype and count), so that no compile outlasts the sleep below.
+        table.lookup(torch.zeros_like(bad))
         torch.cuda._sleep(500_000_000)  # the lookup cannot finish before prefetch() and wait() return
         handle = table.prefetch(bad)
         out = handle.wait()  # nothing finished yet: nothing to report, and no host sync
