@@ -258,22 +258,14 @@ def test_idle_workers_sleep_once_the_spin_window_and_the_expected_replays_have_p
     _host_gather.set_signal_tuning(1_000_000, 20_000, 1_000_000)  # spin 1 ms after the last job
     pool = open_pool(4, signalled=True)
     try:
-        slot = _host_gather.SignalTestSlot(pool, 500, ROW_BYTES, graph=True)
-        stream = SimulatedStream(slot, 500)
-        ids = np.arange(500, dtype=np.int64)
-        counter = np.zeros(1, dtype=np.int64)
-        slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, 500, counter.ctypes.data, 2)
+        stream, ids, _counter = in_place_graph_slot(pool, table)
         for _ in range(6):  # a steady period (5 ms), as decode replays: the watcher learns to expect more
             stream.run(500)
             time.sleep(0.005)
         time.sleep(0.1)  # more than four periods without a replay: the prediction has ended
         # Every worker, the watcher included, is seen asleep (state S) in some of 200 samples: a
         # thread spinning on the words would always be running.
-        seen_asleep = set()
-        for _ in range(200):
-            seen_asleep |= {tid for tid, name, state in thread_states() if name == "engram-gather" and state == "S"}
-            time.sleep(0.002)
-        gather_tids = {tid for tid, name, _ in thread_states() if name == "engram-gather"}
+        gather_tids, seen_asleep = gather_threads_seen_asleep(200)
         assert len(gather_tids) >= 4 and gather_tids <= seen_asleep
         np.testing.assert_array_equal(stream.run(500), table[ids])  # and a napping watcher still answers
     finally:
@@ -297,18 +289,10 @@ def test_on_the_node_budget_the_watcher_naps_after_a_job_where_a_pool_alone_spin
         budget = _host_gather.NodeBudget(fd, 0, 2, budget_file.MAX_SLOTS) if on_budget else None
         pool = _host_gather.GatherPool(2, caller_gathers=False, budget=budget)
         try:
-            slot = _host_gather.SignalTestSlot(pool, 500, ROW_BYTES, graph=True)
-            stream = SimulatedStream(slot, 500)
-            ids = np.arange(500, dtype=np.int64)
-            counter = np.zeros(1, dtype=np.int64)
-            slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, 500, counter.ctypes.data, 2)
+            stream, ids, _counter = in_place_graph_slot(pool, table)
             np.testing.assert_array_equal(stream.run(500), table[ids])  # one job: no period to predict
             time.sleep(0.05)
-            seen_asleep = set()
-            for _ in range(100):  # 0.2 s or more, all inside the 5 s window
-                seen_asleep |= {tid for tid, name, state in thread_states() if name == "engram-gather" and state == "S"}
-                time.sleep(0.002)
-            gather_tids = {tid for tid, name, _ in thread_states() if name == "engram-gather"}
+            gather_tids, seen_asleep = gather_threads_seen_asleep(100)  # 0.2 s or more, inside the 5 s window
             assert len(gather_tids) == 2
             if on_budget:
                 assert gather_tids <= seen_asleep
@@ -320,6 +304,25 @@ def test_on_the_node_budget_the_watcher_naps_after_a_job_where_a_pool_alone_spin
     finally:
         os.close(fd)
         _host_gather.set_signal_tuning(*saved)
+
+
+def in_place_graph_slot(pool, table: np.ndarray, n: int = 500):
+    """A graph slot of ``pool`` whose int64 ids 0 .. n-1 stay in place, in two chunks: its stream,
+    its ids and its out-of-range counter (keep both alive: the slot holds their addresses)."""
+    slot = _host_gather.SignalTestSlot(pool, n, ROW_BYTES, graph=True)
+    ids = np.arange(n, dtype=np.int64)
+    counter = np.zeros(1, dtype=np.int64)
+    slot.prepare(table.ctypes.data, 0, ROWS, ids.ctypes.data, IDS_IN_PLACE, True, n, counter.ctypes.data, 2)
+    return SimulatedStream(slot, n), ids, counter
+
+
+def gather_threads_seen_asleep(samples: int) -> tuple[set, set]:
+    """The pool's gather threads, and those seen asleep (state S) in some of ``samples`` looks 2 ms apart."""
+    seen_asleep = set()
+    for _ in range(samples):
+        seen_asleep |= {tid for tid, name, state in thread_states() if name == "engram-gather" and state == "S"}
+        time.sleep(0.002)
+    return {tid for tid, name, _ in thread_states() if name == "engram-gather"}, seen_asleep
 
 
 def thread_states() -> list[tuple[str, str, str]]:
