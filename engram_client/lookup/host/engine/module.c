@@ -129,7 +129,8 @@ static PyMethodDef module_methods[] = {
     {"get_tuning", get_tuning, METH_NOARGS, "get_tuning() -> (near, far, hint, streaming)"},
     {"set_signal_tuning", set_signal_tuning, METH_VARARGS,
      "set_signal_tuning(spin_ns, poll_min_ns, poll_max_ns, predict=True): how the watcher polls stream signals\n"
-     "(signal.c: spin, then naps of since/64 within [poll_min, poll_max]; predict the next burst)"},
+     "(signal.c: spin, then naps of since/64 within [poll_min, poll_max]; predict the next burst;\n"
+     "a pool on the node's budget spins only in the predicted windows)"},
     {"get_signal_tuning", get_signal_tuning, METH_NOARGS,
      "get_signal_tuning() -> (spin_ns, poll_min_ns, poll_max_ns, predict)"},
     {"stream_signal_support", stream_signal_support, METH_NOARGS,
