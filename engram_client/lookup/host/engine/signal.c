@@ -36,10 +36,11 @@
  * (pool.h's pool_spin_room): eight ranks' watchers spinning after every call cost them 29% of their
  * decode-size rows on a 16-CPU node (docs/history/benchmarks-2026-12.md, "The signal watcher on the
  * node's budget").  The other workers sleep on the pool's condition variable; a claim wakes
- * them, but a futex wake-up costs tens of microseconds in a VM.  Decode replays a graph at a steady period, so the watcher also learns the period of
- * the bursts of claims (one per step) and, with signal_tuning.predict, wakes the whole pool to
- * spin from a lead before the next expected burst to a lead after it (lead: period / 32, within
- * [30 us, 300 us]); a burst that does not come within four periods ends the prediction.
+ * them, but a futex wake-up costs tens of microseconds in a VM.  Decode replays a graph at a
+ * steady period, so the watcher also learns the period of the bursts of claims (one per step)
+ * and, with signal_tuning.predict, wakes the whole pool to spin from a lead before the next
+ * expected burst to a lead after it (lead: period / 32, within [30 us, 300 us]); a burst that
+ * does not come within four periods ends the prediction.
  * signal_set.c holds the watcher and the orphans' thread; docs/BENCHMARKS.md has what each
  * costs the engine's thread and the host's cores.
  *
