@@ -33,7 +33,7 @@ import torch
 from engram_client import EngramClient
 from engram_client.core.demo_rows import demo_vocab_for_table_bytes
 from engram_client.core.layout import QUANT_BLOCK
-from engram_client.tools.serve_process import launch_serve, wait_for_socket
+from engram_client.tools.serve_process import exit_on_sigterm, launch_serve, wait_for_socket
 from engram_client.lookup.dequant import dequantize_rows, scale_factors
 
 from .bench_ids import SIZES, IdSampler
@@ -186,7 +186,9 @@ def print_results(results: dict) -> None:
 
 
 def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
-    """A daemon on a demo table of ``table_gib`` GiB, with ``extra`` serve options (e.g. the budget's rules)."""
+    """A daemon on a demo table of ``table_gib`` GiB, with ``extra`` serve options (e.g. the budget's rules).
+    The callers stop it in a ``finally``, which a SIGTERM to them now runs too (exit_on_sigterm)."""
+    exit_on_sigterm()
     socket_dir = tempfile.mkdtemp(prefix="engramd-bench-")
     shm_dir = tempfile.mkdtemp(prefix="engramd-bench-", dir="/dev/shm")
     vocab = demo_vocab_for_table_bytes(int(table_gib * 2**30))

@@ -10,8 +10,10 @@ holds the clone, ``engramd/``) or from any directory holding an ``engramd/`` or
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import IO
 
@@ -48,3 +50,19 @@ def wait_for_socket(proc: subprocess.Popen, endpoint: str, timeout: float = 120.
         if time.monotonic() > deadline:
             raise RuntimeError(f"engramd serve did not bind {endpoint} within {timeout:.0f} s")
         time.sleep(0.05)
+
+
+def exit_on_sigterm() -> bool:
+    """Make SIGTERM raise SystemExit in this process's main thread, so that a launcher's ``finally``
+    stops the daemon it started: by default SIGTERM (what ``timeout`` and a job system send) ends the
+    launcher at once, and its daemon goes on serving, its table in /dev/shm.  Only where SIGTERM has
+    its default action and this is the main thread (a handler can be set nowhere else); True if set."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    return True
