@@ -187,7 +187,7 @@ def print_results(results: dict) -> None:
 
 def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
     """A daemon on a demo table of ``table_gib`` GiB, with ``extra`` serve options (e.g. the budget's rules).
-    The callers stop it in a ``finally``, which a SIGTERM to them now runs too (exit_on_sigterm)."""
+    The callers stop it in a ``finally``, which a SIGTERM to them runs too (exit_on_sigterm)."""
     exit_on_sigterm()
     socket_dir = tempfile.mkdtemp(prefix="engramd-bench-")
     shm_dir = tempfile.mkdtemp(prefix="engramd-bench-", dir="/dev/shm")
