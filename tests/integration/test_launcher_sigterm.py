@@ -22,12 +22,15 @@ from waiting import end_process, wait_for
 
 LAUNCHER = textwrap.dedent("""
     import sys, time
+    from engram_client.attach.connection import DaemonConnection
+    from engram_client.attach.readiness import wait_ready
     from engram_client.tools.serve_process import exit_on_sigterm, launch_serve, wait_for_socket
     endpoint, shm_dir, handled = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     if handled:
         assert exit_on_sigterm()
     proc = launch_serve(endpoint, shm_dir)
     wait_for_socket(proc, endpoint)
+    wait_ready(DaemonConnection(endpoint), 120.0, daemon=proc)  # serving its table, as a benchmark's daemon is
     print(proc.pid, flush=True)
     try:
         time.sleep(120)
@@ -52,13 +55,15 @@ def test_a_launcher_ended_by_sigterm_stops_its_daemon(socket_dir, shm_dir, handl
                                 stdout=subprocess.PIPE, text=True)
     daemon_pid = None
     try:
-        daemon_pid = int(launcher.stdout.readline())
-        wait_for(lambda: os.listdir(shm_dir), "the daemon's table in /dev/shm", 60)
+        line = launcher.stdout.readline()  # the launcher's own waits are bounded (120 s each)
+        assert line, f"the launcher exited ({launcher.wait(timeout=60)}) before its daemon was ready"
+        daemon_pid = int(line)
+        assert any(name.endswith(".table") for name in os.listdir(shm_dir)), os.listdir(shm_dir)
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=60) == (128 + signal.SIGTERM if handled else -signal.SIGTERM)
         if handled:
             wait_for(lambda: not alive(daemon_pid), "the daemon to stop with its launcher", 60)
-            assert os.listdir(shm_dir) == [], "the daemon left its table behind"
+            assert os.listdir(shm_dir) == [], f"the daemon left {os.listdir(shm_dir)} behind"
         else:
             assert alive(daemon_pid), "the default SIGTERM left the daemon serving (the control)"
     finally:
