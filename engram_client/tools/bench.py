@@ -194,7 +194,12 @@ def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = (
     vocab = demo_vocab_for_table_bytes(int(table_gib * 2**30))
     endpoint = f"ipc://{socket_dir}/engramd.sock"
     proc = launch_serve(endpoint, shm_dir, "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads), *extra)
-    wait_for_socket(proc, endpoint)  # the callers attach at once, and a client refuses a missing socket
+    try:
+        wait_for_socket(proc, endpoint)  # the callers attach at once, and a client refuses a missing socket
+    except BaseException:  # a daemon that failed to bind, or a SIGTERM meanwhile: no caller holds it yet
+        proc.terminate()
+        proc.wait(timeout=60)
+        raise
     return proc, endpoint, shm_dir
 
 

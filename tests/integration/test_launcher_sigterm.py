@@ -29,10 +29,10 @@ LAUNCHER = textwrap.dedent("""
     if handled:
         assert exit_on_sigterm()
     proc = launch_serve(endpoint, shm_dir)
-    wait_for_socket(proc, endpoint)
-    wait_ready(DaemonConnection(endpoint), 120.0, daemon=proc)  # serving its table, as a benchmark's daemon is
-    print(proc.pid, flush=True)
     try:
+        wait_for_socket(proc, endpoint)
+        wait_ready(DaemonConnection(endpoint), 120.0, daemon=proc)  # serving its table, as a benchmark's daemon is
+        print(proc.pid, flush=True)  # inside the try: the test's SIGTERM may come at once
         time.sleep(120)
     finally:
         proc.terminate()
