@@ -151,8 +151,8 @@ static int set_watch(Pool *pool) {
     while (!atomic_load(&pool->stop) && !atomic_load(&pool->lists[WORKERS].listed) && atomic_load(&set->count)) {
         if (set_claim_any(set)) break;
         int64_t now = now_ns(), since = now - atomic_load(&set->last_seen_ns);
-        int room = pool_spin_room(pool);
-        if (since < signal_tuning.spin_ns && room == SPIN_ANY) {
+        /* pool_spin_room reads the group's holders on a budget: asked only where a spin is in question. */
+        if (since < signal_tuning.spin_ns && pool_spin_room(pool) == SPIN_ANY) {
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;
         }
@@ -166,7 +166,7 @@ static int set_watch(Pool *pool) {
                     pool_prewake_until(pool, expect + lead);
                     woken_for = expect;
                 }
-                if (room == SPIN_NONE) {
+                if (pool_spin_room(pool) == SPIN_NONE) {
                     nap_ns(signal_tuning.poll_min_ns);
                     continue;
                 }
