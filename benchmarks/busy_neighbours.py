@@ -1,8 +1,10 @@
 """Busy neighbours for the engine-level benchmark and the lookup probe: other rank processes on
 the host looping prefill-size lookups on the same table (ranks of other GPUs, as far as this
-host is concerned), and what the node's budget says meanwhile."""
+host is concerned), the rows they gathered within a span of the rank's time (each call's start and end
+on the clock the rank reads), and what the node's budget says meanwhile."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,7 +40,7 @@ def set_policy(name):
         os.sched_setscheduler(0, {"batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}[name], os.sched_param(0))
 """
 NEIGHBOUR = SET_POLICY + """
-import select, sys, time, torch
+import json, select, sys, time, torch
 from engram_client import EngramClient
 set_policy(sys.argv[3])
 client = EngramClient(endpoint=sys.argv[1], device="cpu", timeout=600)
@@ -48,13 +50,17 @@ ids = [torch.randint(0, table.num_rows, (393216,), generator=gen) for _ in range
 for warm in ids:
     table._host.gather_rows(table, warm)
 print("ready", flush=True)
-calls, wall, cpu, caller_cpu = 0, time.monotonic(), time.process_time(), time.thread_time()
+spans, wall, cpu, caller_cpu = [], time.monotonic(), time.process_time(), time.thread_time()
 while not select.select([sys.stdin], [], [], 0)[0]:
-    table._host.gather_rows(table, ids[calls % 4])  # the CPU half of a host-path lookup
-    calls += 1
+    began = time.monotonic()  # CLOCK_MONOTONIC: the rank's decode windows are read on the same clock
+    table._host.gather_rows(table, ids[len(spans) % 4])  # the CPU half of a host-path lookup
+    spans.append([round(began, 6), round(time.monotonic(), 6)])
 wall, cpu, caller_cpu = time.monotonic() - wall, time.process_time() - cpu, time.thread_time() - caller_cpu
-print(calls, calls * ids[0].numel() / wall, cpu / wall, caller_cpu / wall, flush=True)  # calls, rows/s, cores, its caller's
+rows = ids[0].numel()
+print(json.dumps({"calls": len(spans), "m_rows_per_s": round(len(spans) * rows / wall / 1e6, 2), "cores": cpu / wall,
+                  "caller_cores": caller_cpu / wall, "rows_per_call": rows, "spans": spans}), flush=True)
 """
+REPORT = ("calls", "m_rows_per_s", "cores", "caller_cores", "rows_per_call", "spans")
 
 
 def start_neighbours(endpoint: str, count: int, policy: str = "normal") -> list[subprocess.Popen]:
@@ -70,16 +76,35 @@ def start_neighbours(endpoint: str, count: int, policy: str = "normal") -> list[
 
 
 def stop_neighbours(procs) -> list[dict]:
-    """Each neighbour's calls, its prefill rate, and the cores it used: in all, and its waiting caller's alone."""
+    """Each neighbour's calls, its prefill rate, the cores it used (in all, and its waiting caller's
+    alone), and each call's rows and [start, end] on CLOCK_MONOTONIC (rows_per_s_within reads them)."""
     reports = []
     for proc in procs:
         out, _ = proc.communicate("", timeout=120)
-        words = out.split()
-        if len(words) < 4:
-            raise SystemExit(f"a busy neighbour (pid {proc.pid}, rc {proc.returncode}) ended without its report: {out!r}")
-        reports.append({"calls": int(words[-4]), "m_rows_per_s": round(float(words[-3]) / 1e6, 2),
-                        "cores": float(words[-2]), "caller_cores": float(words[-1])})
+        lines = out.strip().splitlines()
+        try:
+            report = json.loads(lines[-1])
+            reports.append({key: report[key] for key in REPORT})
+        except (IndexError, ValueError, TypeError, KeyError):
+            raise SystemExit(f"a busy neighbour (pid {proc.pid}, rc {proc.returncode}) ended without its report: "
+                             f"{out[-500:]!r}") from None
     return reports
+
+
+def rows_per_s_within(spans, rows_per_call: int, windows) -> float | None:
+    """One neighbour's rows/s within ``windows`` (disjoint [start, end] pairs): each call counts its rows
+    times the share of its time inside them, a call across a window's edge in part; None without windows."""
+    total = sum(end - start for start, end in windows or ())
+    if total <= 0:
+        return None
+    rows = 0.0
+    for began, ended in spans:
+        inside = sum(max(0.0, min(ended, end) - max(began, start)) for start, end in windows)
+        if ended > began:
+            rows += rows_per_call * inside / (ended - began)
+        elif any(start <= began <= end for start, end in windows):  # a call shorter than the report's microsecond
+            rows += rows_per_call
+    return rows / total
 
 
 def budget_view(status: dict) -> dict:

@@ -10,11 +10,13 @@ the same machine in the same session), and prints one table of the measures issu
 decode step's median and p90 alone and beside the neighbours, a lone 6,144-id lookup's p90 against
 its p90 alone, and the neighbours' own prefill rows/s, with the neighbours' rate against the
 --baseline rule's (decode-0 by default: the budget before decode CPUs, which issue 35 judges the
-neighbours' rate against).  A rule of DECODE_PATHS has its rank's decode-size calls, the lone
-lookup's included, on that path; its step and lookup are also put against the baseline rule's rank
-alone, whose calls all take the host path.  A ratio of two runs in one session is the measure, not
-a rate against another day's: the neighbours' rate moved by up to 9% between runs of one rule in
-one session on the H200 machine and by 14% on the H100 machine, and more between sessions.
+neighbours' rate against).  That rate is given over the neighbours' whole run and while the rank
+decodes (within its decode runs' windows: e2e.py), each with its ratio; the page judges the latter.
+A rule of DECODE_PATHS has its rank's decode-size calls, the lone lookup's included, on that path;
+its step and lookup are also put against the baseline rule's rank alone, whose calls all take the
+host path.  A ratio of two runs in one session is the measure, not a rate against another day's:
+the neighbours' rate moved by up to 9% between runs of one rule in one session on the H200 machine
+and by 14% on the H100 machine, and more between sessions.
 --keep DIR keeps each rule's e2e JSON as DIR/<rule>.json (the default rule's is the page's
 engine_e2e.json of the same session).  The rules are benchmarks/busy_neighbours.RULES;
 docs/integration.md ("Ranks, CPUs and the gather budget") says when an operator picks each.
@@ -53,11 +55,14 @@ def run_rule(rule: str, args, out_dir: str) -> dict:
 
 
 def with_baseline(summaries: dict[str, dict], baseline: str) -> dict[str, dict]:
-    """Each rule's summary with its neighbours' rate against the baseline rule's (None where the
-    baseline did not run or its neighbours gathered nothing)."""
+    """Each rule's summary with its neighbours' rate, over their whole run and while the rank decodes,
+    against the baseline rule's (None where the baseline did not run, its neighbours gathered nothing
+    or either run recorded no decode windows)."""
     theirs = summaries.get(baseline, {})
-    base = theirs.get("neighbours_m_rows_per_s")
+    base, base_decoding = theirs.get("neighbours_m_rows_per_s"), theirs.get("neighbours_decoding_m_rows_per_s")
     return {rule: {**s, "neighbours_x_baseline": round(s["neighbours_m_rows_per_s"] / base, 3) if base else None,
+                   "neighbours_decoding_x_baseline": round(s["neighbours_decoding_m_rows_per_s"] / base_decoding, 3)
+                   if base_decoding and s.get("neighbours_decoding_m_rows_per_s") is not None else None,
                    # against the baseline's rank alone, whose calls all took the host path: what a rule whose
                    # rank asks another decode path costs it, beside its gain (None without the baseline)
                    "step_busy_x_baseline_alone": round(s["step_busy_ms"] / theirs["step_alone_ms"], 3) if theirs else None,
@@ -73,15 +78,20 @@ def table(summaries: dict[str, dict], baseline: str) -> str:
     def times(value, digits: int) -> str:
         return f"{value:.{digits}f}x" if value is not None else "—"
 
+    def rate(value) -> str:
+        return "—" if value is None else str(value)
+
     lines = ["| rule | serve options (rank's decode path) | step alone, ms | beside, ms | median ×alone | p90 ×median alone | "
-             f"median ×{baseline} alone | lookup p90 ×alone | ×{baseline} alone | neighbours M rows/s | ×{baseline} |",
-             "| --- | --- |" + " ---: |" * 9]
+             f"median ×{baseline} alone | lookup p90 ×alone | ×{baseline} alone | neighbours M rows/s | ×{baseline} | "
+             f"while decoding, M rows/s | ×{baseline} |",
+             "| --- | --- |" + " ---: |" * 11]
     for rule, s in summaries.items():
         lines.append(f"| {rule} | {rule_words(rule)} | {s['step_alone_ms']:.3f} | {s['step_busy_ms']:.3f} | "
                      f"{s['median_x']:.3f}x | {s['p90_x_median_alone']:.3f}x | "
                      f"{times(s.get('step_busy_x_baseline_alone'), 3)} | {s['lookup_p90_x']}x | "
                      f"{times(s.get('lookup_p90_x_baseline_alone'), 2)} | {s['neighbours_m_rows_per_s']} | "
-                     f"{times(s['neighbours_x_baseline'], 2)} |")
+                     f"{times(s['neighbours_x_baseline'], 2)} | {rate(s.get('neighbours_decoding_m_rows_per_s'))} | "
+                     f"{times(s.get('neighbours_decoding_x_baseline'), 2)} |")
     return "\n".join(lines)
 
 

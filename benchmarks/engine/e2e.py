@@ -26,7 +26,9 @@ into its inputs before every replay.  Prefill: 16,384 tokens (16 sequences of 1,
 Variants alternate within each round; medians over rounds.  Reported: ms per step, tokens/s,
 the loss against hbm; for decode also the median and p90 of single steps over every round (each
 replay timed by events around it, on the GPU: no host synchronization between steps); for host, the gather pool's CPU use (cores) while it ran; with busy
-neighbours, the cores each used (its waiting caller's apart), the node's runnable threads (and
+neighbours, the cores each used (its waiting caller's apart), their rows/s over their whole run
+and while the host path decodes (each of their calls set against the monotonic windows of
+host+busy's decode runs, in part where it straddles one), the node's runnable threads (and
 who they are) and the budget's counters.  This is also the worked example docs/integration.md
 points to.
 """
@@ -99,11 +101,13 @@ class Decode:
             self.next_tokens = model.forward(self.tokens, BATCH, source, self.starts, self.history)
         torch.cuda.synchronize()
 
-    def run(self, steps: int) -> list[float]:
-        """GPU ms of each step, fresh tokens and history before every step.  (Host time per replay is
+    def run(self, steps: int) -> tuple[list[float], list[float]]:
+        """GPU ms of each step, fresh tokens and history before every step, and the run's [start, end] on
+        CLOCK_MONOTONIC (the busy neighbours' calls are set against it).  (Host time per replay is
         benchmarks/lookups/host_time.py's measure: here the queue fills and replay() waits for the GPU.)"""
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         torch.cuda.synchronize()
+        began = time.monotonic()
         for step in range(steps):
             torch.randint(0, TOKENS[0], (BATCH,), out=self.tokens)
             torch.randint(0, TOKENS[0], (BATCH, 3), out=self.history)
@@ -111,7 +115,8 @@ class Decode:
             self.graph.replay()
         marks[steps].record()
         marks[steps].synchronize()
-        return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        window = [round(began, 6), round(time.monotonic(), 6)]
+        return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])], window
 
 
 def prefill_ms(model, source) -> float:
@@ -150,13 +155,15 @@ def measure(model, sources: dict, args, label: str) -> dict:
         prefill_ms(model, source)  # warm-up
     decode = {name: [] for name in sources}
     steps = {name: [] for name in sources}  # every decode step of every round
+    windows = {name: [] for name in sources}  # each round's decode run, prefills apart
     prefill = {name: [] for name in sources}
     cpu_before, host_wall = pool_cpu_s(), 0.0
     for round_ in range(args.rounds):
         for name in sources:
             began = time.perf_counter()
-            times = decodes[name].run(args.decode_steps)
+            times, window = decodes[name].run(args.decode_steps)
             steps[name] += times
+            windows[name].append(window)
             decode[name].append(sum(times) / len(times))
             prefill[name].append(prefill_ms(model, sources[name]))
             if name.startswith("host"):
@@ -169,7 +176,8 @@ def measure(model, sources: dict, args, label: str) -> dict:
             ms = statistics.median(values)
             result[phase][name] = {"ms": ms, "all_ms": values, "tokens_per_s": tokens / ms * 1e3}
     for name, entry in result["decode"].items():
-        entry.update(step_median_ms=statistics.median(steps[name]), step_p90_ms=p90(steps[name]), steps=len(steps[name]))
+        entry.update(step_median_ms=statistics.median(steps[name]), step_p90_ms=p90(steps[name]), steps=len(steps[name]),
+                     windows=windows[name])
     for phase in ("decode", "prefill"):
         base = result[phase].get("hbm", {}).get("ms")
         for name, entry in result[phase].items():
@@ -208,11 +216,14 @@ def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> 
         budget = budget_view(client.status())
     finally:
         reports = stop_neighbours(neighbours)
+    # The target is the neighbours' rate while the rank decodes: their rows are counted within these windows
+    # (busy_summary), not beside the host path's prefills, the hbm variant's rounds or the lone lookups.
     busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(), budget=budget,
-                lookup_alone=probe_alone, lookup_busy=probe_busy)
+                lookup_alone=probe_alone, lookup_busy=probe_busy, decode_windows=busy["decode"]["host+busy"]["windows"])
     print(f"{name}: one 6,144-id lookup alone {probe_alone['median_ms']:.3f} ms (p90 {probe_alone['p90_ms']:.3f}), "
           f"beside busy neighbours {probe_busy['median_ms']:.3f} ms (p90 {probe_busy['p90_ms']:.3f})")
-    print(f"{name} busy: neighbours {reports}, node {busy['node']}, budget {budget}", flush=True)
+    print(f"{name} busy: neighbours {[{k: v for k, v in r.items() if k != 'spans'} for r in reports]}, "
+          f"node {busy['node']}, budget {budget}", flush=True)
     return busy
 
 

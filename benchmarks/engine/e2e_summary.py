@@ -2,6 +2,8 @@
 (the measures issue 35 judges: busy_rules.py and the page read them)."""
 from __future__ import annotations
 
+from benchmarks.busy_neighbours import rows_per_s_within
+
 
 def print_results(results: dict) -> None:
     print("| model | phase | variant | ms / step | tokens/s | vs hbm |")
@@ -23,7 +25,8 @@ def print_results(results: dict) -> None:
 
 def busy_summary(model: dict) -> dict:
     """The issue's measures of one model: the decode step (median, p90) alone and beside the
-    neighbours, their ratios, a lone decode lookup's p90 against its p90 alone, the neighbours' rows/s."""
+    neighbours, their ratios, a lone decode lookup's p90 against its p90 alone, the neighbours' rows/s
+    over their whole run and while the rank decodes."""
     alone, busy = model["decode"]["host"], model["busy"]["decode"]["host+busy"]
     lookup_alone, lookup_busy = model["busy"]["lookup_alone"], model["busy"]["lookup_busy"]
     rates = [r["m_rows_per_s"] for r in model["busy"]["neighbour_reports"]]
@@ -33,4 +36,14 @@ def busy_summary(model: dict) -> dict:
             "p90_x_median_alone": round(busy["step_p90_ms"] / alone["step_median_ms"], 3),
             "lookup_p90_x": round(lookup_busy["p90_ms"] / lookup_alone["p90_ms"], 2),
             "lookup_alone_p90_ms": round(lookup_alone["p90_ms"], 3), "lookup_busy_p90_ms": round(lookup_busy["p90_ms"], 3),
-            "neighbours_m_rows_per_s": round(sum(rates), 2), "each_neighbour": rates}
+            "neighbours_m_rows_per_s": round(sum(rates), 2), "each_neighbour": rates,
+            "neighbours_decoding_m_rows_per_s": decoding_m_rows_per_s(model["busy"])}
+
+
+def decoding_m_rows_per_s(busy: dict) -> float | None:
+    """The neighbours' M rows/s in all within the host path's decode runs beside them (None for a run
+    that recorded no windows: its results predate them)."""
+    windows = busy.get("decode_windows")
+    rates = [rows_per_s_within(r["spans"], r["rows_per_call"], windows) for r in busy["neighbour_reports"]] \
+        if windows else [None]
+    return None if None in rates else round(sum(rates) / 1e6, 2)

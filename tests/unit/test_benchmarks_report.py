@@ -166,6 +166,28 @@ def test_decode_lookups_on_the_gpu_are_judged_against_the_host_path_alone(tmp_pa
            "| ≥ 0.9x | met |" in text
 
 
+def test_the_neighbours_rate_is_judged_while_the_rank_decodes_where_the_run_recorded_it(tmp_path):
+    """A run with decode windows: its neighbours' rate within them is the judged row, their whole run's an
+    informational one beside it (the runs above, without windows, keep the row judged on the whole run)."""
+    run, rules = e2e(), busy_rules()
+    busy = run["models"]["2048x16"]["busy"]
+    busy["decode_windows"] = [[10.0, 11.0], [20.0, 21.0]]
+    busy["neighbour_reports"] = [dict(r, rows_per_call=393216, spans=[[10.0, 10.5], [20.5, 21.5]])
+                                 for r in busy["neighbour_reports"]]
+    run["models"]["2048x16"]["busy_summary"] = busy_summary(run["models"]["2048x16"])  # 3 x 1.5 calls in 2 s
+    summaries = {rule: dict(s, neighbours_decoding_m_rows_per_s=rate) for (rule, s), rate in
+                 zip(rules["rules"].items(), (26.0, 30.0))}
+    rules["rules"] = with_baseline(summaries, "decode-0")
+    text = report.render(write(tmp_path, {"e2e": run, "rules": rules}))
+    assert "meanwhile" not in text
+    assert "| the neighbours' prefill rows/s while the rank decodes | 0.9 M | — | — | — | — |" in text
+    assert "| the neighbours' prefill rows/s over their whole run | 34.5 M | — | — | — | — |" in text
+    assert "| the neighbours' prefill rows/s while the rank decodes | 26.0 M (0.867x) | 30.0 M (`--decode-cpus 0`) " \
+           "| — | ≥ 0.9x | not met |" in text  # judged on this, though the whole run's 0.923x would meet it
+    assert "| the neighbours' prefill rows/s over their whole run | 27.6 M (0.923x) | 29.9 M (`--decode-cpus 0`) " \
+           "| — | — | — |" in text
+
+
 def test_a_run_without_busy_neighbours_has_no_busy_table(tmp_path):
     run = e2e()
     del run["models"]["2048x16"]["busy"], run["models"]["2048x16"]["busy_summary"]

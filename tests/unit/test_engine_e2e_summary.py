@@ -1,8 +1,13 @@
 """benchmarks/engine/e2e.py's busy summary: the measures issue 35 judges (the decode step's median
-and p90 alone and beside busy neighbours, a lone lookup's p90, the neighbours' own rows/s), from a
-run's results as the benchmark records them."""
+and p90 alone and beside busy neighbours, a lone lookup's p90, the neighbours' own rows/s, over their
+whole run and within the rank's decode windows), from a run's results as the benchmark records them."""
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from benchmarks.busy_neighbours import rows_per_s_within, stop_neighbours
 from benchmarks.engine.e2e_summary import busy_summary
 
 
@@ -16,6 +21,55 @@ def test_the_summary_puts_the_step_beside_neighbours_against_the_step_alone():
     assert summary["median_x"] == 1.1 and summary["p90_x_median_alone"] == 2.5 and summary["lookup_p90_x"] == 10.0
     assert summary["step_busy_p90_ms"] == 10.0 and summary["step_alone_p90_ms"] == 4.2
     assert summary["neighbours_m_rows_per_s"] == 30.5 and summary["each_neighbour"] == [10.0, 11.5, 9.0]
+    assert summary["neighbours_decoding_m_rows_per_s"] is None  # a run before decode windows were recorded
+
+
+def test_a_call_counts_the_share_of_its_time_inside_the_windows():
+    windows = [[10.0, 12.0], [20.0, 21.0]]  # 3 s in all
+    spans = [[5.0, 6.0],      # before them: nothing
+             [9.0, 11.0],     # across the first's start: half its rows
+             [11.0, 11.5],    # inside: all of them
+             [11.5, 20.5],    # the first's last 0.5 s, the gap, the second's first 0.5 s: 1/9
+             [20.5, 20.5],    # no length, inside: all of them
+             [20.5, 22.5],    # across the second's end: a quarter
+             [25.0, 26.0], [30.0, 30.0]]  # after them, one of no length: nothing
+    assert rows_per_s_within(spans, 900, windows) == pytest.approx((450 + 900 + 100 + 900 + 225) / 3)
+    assert rows_per_s_within([[5.0, 6.0], [12.0, 20.0]], 900, windows) == 0.0  # between them counts nothing
+    assert rows_per_s_within(spans, 900, []) is None and rows_per_s_within(spans, 900, [[4.0, 4.0]]) is None
+
+
+def test_the_summary_counts_the_neighbours_rows_within_the_decode_windows_alone():
+    reports = [{"m_rows_per_s": 0.9, "rows_per_call": 10**6, "spans": [[100.0, 100.5], [100.5, 101.5], [101.5, 102.5]]},
+               {"m_rows_per_s": 0.5, "rows_per_call": 10**6, "spans": [[99.0, 103.0]]},
+               {"m_rows_per_s": 0.0, "rows_per_call": 10**6, "spans": []}]
+    model = {"decode": {"host": {"step_median_ms": 4.0, "step_p90_ms": 4.2}},
+             "busy": {"neighbours": 3, "decode": {"host+busy": {"step_median_ms": 4.4, "step_p90_ms": 10.0}},
+                      "lookup_alone": {"p90_ms": 0.3}, "lookup_busy": {"p90_ms": 3.0}, "neighbour_reports": reports,
+                      "decode_windows": [[100.0, 101.0], [102.0, 103.0]]}}
+    summary = busy_summary(model)
+    # 2 M rows of the first (1 + 0.5 + 0.5) and 0.5 M of the second (2 s of its 4) in 2 s
+    assert summary["neighbours_decoding_m_rows_per_s"] == 1.25 and summary["neighbours_m_rows_per_s"] == 1.4
+
+
+class Ended:
+    """A neighbour process that has printed ``out`` and exited."""
+    pid, returncode = 4242, 0
+
+    def __init__(self, out: str):
+        self.out = out
+
+    def communicate(self, _input, timeout):
+        return self.out, None
+
+
+def test_a_neighbours_report_is_its_last_line_and_one_without_it_is_refused():
+    report = {"calls": 2, "m_rows_per_s": 7.86, "cores": 1.9, "caller_cores": 0.4, "rows_per_call": 393216,
+              "spans": [[1.0, 1.05], [1.05, 1.1]]}
+    [got] = stop_neighbours([Ended("ready\n" + json.dumps(report) + "\n")])
+    assert got == report
+    for out in ("ready\n", "ready\n12 3.1e7 1.9 0.4\n", "ready\n" + json.dumps({"calls": 2}) + "\n", ""):
+        with pytest.raises(SystemExit, match="pid 4242, rc 0.* ended without its report"):
+            stop_neighbours([Ended(out)])
 
 
 def test_the_rules_table_puts_each_rule_beside_the_baseline_rule():
@@ -28,15 +82,29 @@ def test_the_rules_table_puts_each_rule_beside_the_baseline_rule():
 
     summaries = with_baseline({"default": summary(1.005, 28.1), "decode-0": summary(1.134, 28.7)}, "decode-0")
     assert summaries["default"]["neighbours_x_baseline"] == 0.979 and summaries["decode-0"]["neighbours_x_baseline"] == 1.0
+    assert summaries["default"]["neighbours_decoding_x_baseline"] is None  # summaries before decode windows
     lines = table(summaries, "decode-0").splitlines()
-    assert len(lines) == 4 and lines[0].count("|") == lines[2].count("|") == lines[3].count("|")
-    assert lines[0].endswith("| ×decode-0 |") and "| median ×decode-0 alone |" in lines[0]
-    assert lines[2].startswith("| default | `(none)` |") and lines[2].endswith("| 28.1 | 0.98x |")
+    assert len(lines) == 4 and lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == lines[3].count("|")
+    assert lines[0].endswith("| neighbours M rows/s | ×decode-0 | while decoding, M rows/s | ×decode-0 |")
+    assert "| median ×decode-0 alone |" in lines[0]
+    assert lines[2].startswith("| default | `(none)` |") and lines[2].endswith("| 28.1 | 0.98x | — | — |")
     assert "| 1.005x | 1.400x | 1.005x | 5.7x | 5.70x |" in lines[2]  # against the baseline's own rank alone
-    assert f"`{RULES['decode-0']}`" in lines[3] and lines[3].endswith("| 28.7 | 1.00x |")
+    assert f"`{RULES['decode-0']}`" in lines[3] and lines[3].endswith("| 28.7 | 1.00x | — | — |")
     alone = with_baseline({"idle": summary(1.006, 34.5)}, "decode-0")  # the baseline did not run: no ratio
     assert alone["idle"]["neighbours_x_baseline"] is None and alone["idle"]["step_busy_x_baseline_alone"] is None
-    assert table(alone, "decode-0").splitlines()[2].endswith("| 34.5 | — |")
+    assert table(alone, "decode-0").splitlines()[2].endswith("| 34.5 | — | — | — |")
+    decoding = with_baseline({"default": {**summary(1.005, 28.1), "neighbours_decoding_m_rows_per_s": 20.0},
+                              "decode-0": {**summary(1.134, 28.7), "neighbours_decoding_m_rows_per_s": 25.0},
+                              "idle": summary(1.006, 34.5)}, "decode-0")
+    assert decoding["default"]["neighbours_decoding_x_baseline"] == 0.8
+    assert decoding["default"]["neighbours_x_baseline"] == 0.979  # the whole run's ratio kept beside it
+    assert decoding["idle"]["neighbours_decoding_x_baseline"] is None  # its run recorded no windows
+    lines = table(decoding, "decode-0").splitlines()
+    assert len({line.count("|") for line in lines}) == 1
+    assert lines[2].endswith("| 28.1 | 0.98x | 20.0 | 0.80x |") and lines[3].endswith("| 28.7 | 1.00x | 25.0 | 1.00x |")
+    no_base = with_baseline({"default": {**summary(1.005, 28.1), "neighbours_decoding_m_rows_per_s": 20.0},
+                             "decode-0": summary(1.134, 28.7)}, "decode-0")  # the baseline's run had none
+    assert no_base["default"]["neighbours_decoding_x_baseline"] is None
 
 
 def test_a_rule_whose_rank_asks_a_decode_path_says_so_and_is_run_with_it(monkeypatch, tmp_path):
