@@ -42,7 +42,7 @@ import time
 
 import torch
 
-from benchmarks.busy_neighbours import POLICIES, budget_view, start_neighbours, stop_neighbours
+from benchmarks.busy_neighbours import POLICIES, budget_view, counted_within, start_neighbours, stop_neighbours
 from benchmarks.common import RunnableSampler, p90, serving, write_json
 from benchmarks.engine.e2e_summary import print_results
 from benchmarks.engine.model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
@@ -216,13 +216,15 @@ def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> 
         budget = budget_view(client.status())
     finally:
         reports = stop_neighbours(neighbours)
-    # The target is the neighbours' rate while the rank decodes: their rows are counted within these windows
-    # (busy_summary), not beside the host path's prefills, the hbm variant's rounds or the lone lookups.
+    # The target is the neighbours' rate while the rank decodes: their rows are counted within these windows,
+    # not beside the host path's prefills, the hbm variant's rounds or the lone lookups.
+    windows = busy["decode"]["host+busy"]["windows"]
+    reports = counted_within(reports, windows)
     busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(), budget=budget,
-                lookup_alone=probe_alone, lookup_busy=probe_busy, decode_windows=busy["decode"]["host+busy"]["windows"])
+                lookup_alone=probe_alone, lookup_busy=probe_busy, decode_windows=windows)
     print(f"{name}: one 6,144-id lookup alone {probe_alone['median_ms']:.3f} ms (p90 {probe_alone['p90_ms']:.3f}), "
           f"beside busy neighbours {probe_busy['median_ms']:.3f} ms (p90 {probe_busy['p90_ms']:.3f})")
-    print(f"{name} busy: neighbours {[{k: v for k, v in r.items() if k != 'spans'} for r in reports]}, "
+    print(f"{name} busy: neighbours {reports}, "
           f"node {busy['node']}, budget {budget}", flush=True)
     return busy
 

@@ -2,8 +2,6 @@
 (the measures issue 35 judges: busy_rules.py and the page read them)."""
 from __future__ import annotations
 
-from benchmarks.busy_neighbours import rows_per_s_within
-
 
 def print_results(results: dict) -> None:
     print("| model | phase | variant | ms / step | tokens/s | vs hbm |")
@@ -43,7 +41,5 @@ def busy_summary(model: dict) -> dict:
 def decoding_m_rows_per_s(busy: dict) -> float | None:
     """The neighbours' M rows/s in all within the host path's decode runs beside them (None for a run
     that recorded no windows: its results predate them)."""
-    windows = busy.get("decode_windows")
-    rates = [rows_per_s_within(r["spans"], r["rows_per_call"], windows) for r in busy["neighbour_reports"]] \
-        if windows else [None]
-    return None if None in rates else round(sum(rates) / 1e6, 2)
+    rates = [r.get("m_rows_per_s_within") for r in busy["neighbour_reports"]]
+    return None if not rates or None in rates else round(sum(rates), 2)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.busy_neighbours import rows_per_s_within, stop_neighbours
+from benchmarks.busy_neighbours import counted_within, rows_per_s_within, stop_neighbours
 from benchmarks.engine.e2e_summary import busy_summary
 
 
@@ -44,8 +44,9 @@ def test_the_summary_counts_the_neighbours_rows_within_the_decode_windows_alone(
                {"m_rows_per_s": 0.0, "rows_per_call": 10**6, "spans": []}]
     model = {"decode": {"host": {"step_median_ms": 4.0, "step_p90_ms": 4.2}},
              "busy": {"neighbours": 3, "decode": {"host+busy": {"step_median_ms": 4.4, "step_p90_ms": 10.0}},
-                      "lookup_alone": {"p90_ms": 0.3}, "lookup_busy": {"p90_ms": 3.0}, "neighbour_reports": reports,
-                      "decode_windows": [[100.0, 101.0], [102.0, 103.0]]}}
+                      "lookup_alone": {"p90_ms": 0.3}, "lookup_busy": {"p90_ms": 3.0},
+                      "neighbour_reports": counted_within(reports, [[100.0, 101.0], [102.0, 103.0]])}}
+    assert all("spans" not in r for r in model["busy"]["neighbour_reports"])  # the figure is kept, not every call
     summary = busy_summary(model)
     # 2 M rows of the first (1 + 0.5 + 0.5) and 0.5 M of the second (2 s of its 4) in 2 s
     assert summary["neighbours_decoding_m_rows_per_s"] == 1.25 and summary["neighbours_m_rows_per_s"] == 1.4
