@@ -8,6 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import time
+
+from benchmarks.common import on_cpu_ns_by_thread
 
 # The daemon's budget rules the busy-node benchmarks compare (engine/busy_rules.py, node/lone_rules.py)
 RULES = {  # name -> the daemon's serve options
@@ -115,6 +118,31 @@ def counted_within(reports: list[dict], windows) -> list[dict]:
         return {**{k: v for k, v in report.items() if k != "spans"},
                 "m_rows_per_s_within": None if rate is None else round(rate / 1e6, 2)}
     return [counted(report) for report in reports]
+
+
+class CoresWithin:
+    """The CPU the neighbours' threads used within spans of the rank's time (its decode runs), by thread
+    name: which of their threads gathered while the rank decoded (the crews', the spares' on the decode
+    CPUs, their callers'), where their rows/s alone cannot say."""
+
+    def __init__(self, pids):
+        self.pids, self.spent, self.wall, self.began = list(pids), {}, 0.0, None
+
+    def begin(self) -> None:
+        self.began = (time.monotonic(), on_cpu_ns_by_thread(self.pids))
+
+    def end(self) -> None:
+        (at, before), after = self.began, on_cpu_ns_by_thread(self.pids)
+        self.wall += time.monotonic() - at
+        for name, ns in after.items():
+            self.spent[name] = self.spent.get(name, 0) + ns - before.get(name, 0)
+
+    def cores(self) -> dict[str, float]:
+        """Cores by thread name over the spans, busiest first (none under 0.01)."""
+        if not self.wall:
+            return {}
+        cores = {name: round(ns / 1e9 / self.wall, 2) for name, ns in self.spent.items()}
+        return {name: c for name, c in sorted(cores.items(), key=lambda kv: -kv[1]) if c >= 0.01}
 
 
 def budget_view(status: dict) -> dict:

@@ -124,6 +124,27 @@ def drop_file(path: str) -> None:
         pass
 
 
+def on_cpu_ns_by_thread(pids) -> dict[str, int]:
+    """ns on a CPU of the threads of processes ``pids``, summed by thread name (/proc/PID/task/*/schedstat;
+    a thread or process that ended meanwhile drops out)."""
+    spent: dict[str, int] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    on_cpu = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            spent[name] = spent.get(name, 0) + on_cpu
+    return spent
+
+
 def thread_sched_ns(name: str = "engram-gather") -> tuple[int, int]:
     """Summed over this process's threads called ``name``: ns on a CPU and ns runnable but waiting
     for one (/proc/self/task/*/schedstat; a thread that ended meanwhile drops out)."""

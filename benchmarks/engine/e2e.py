@@ -28,9 +28,9 @@ the loss against hbm; for decode also the median and p90 of single steps over ev
 replay timed by events around it, on the GPU: no host synchronization between steps); for host, the gather pool's CPU use (cores) while it ran; with busy
 neighbours, the cores each used (its waiting caller's apart), their rows/s over their whole run
 and while the host path decodes (each of their calls set against the monotonic windows of
-host+busy's decode runs, in part where it straddles one), the node's runnable threads (and
-who they are) and the budget's counters.  This is also the worked example docs/integration.md
-points to.
+host+busy's decode runs, in part where it straddles one) and their threads' cores by name within
+those runs, the node's runnable threads (and who they are) and the budget's counters.  This is
+also the worked example docs/integration.md points to.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ import time
 
 import torch
 
-from benchmarks.busy_neighbours import POLICIES, budget_view, counted_within, start_neighbours, stop_neighbours
+from benchmarks.busy_neighbours import (POLICIES, CoresWithin, budget_view, counted_within, start_neighbours,
+                                       stop_neighbours)
 from benchmarks.common import RunnableSampler, p90, serving, write_json
 from benchmarks.engine.e2e_summary import print_results
 from benchmarks.engine.model import SHAPES, VOCAB, ClientRows, HbmRows, HostBesideHbm, Model, UvaRows
@@ -148,7 +149,9 @@ def check_rows(sources: dict, hasher) -> None:
             raise SystemExit(f"{name}'s rows differ from {next(iter(n for n, s in sources.items() if s))}'s")
 
 
-def measure(model, sources: dict, args, label: str) -> dict:
+def measure(model, sources: dict, args, label: str, decoding=None) -> dict:
+    """The sources' decode and prefill, round after round; ``decoding`` (a CoresWithin) is told when
+    host+busy's decode runs begin and end."""
     check_rows(sources, model.hasher)
     decodes = {name: Decode(model, source) for name, source in sources.items()}
     for name, source in sources.items():
@@ -160,8 +163,12 @@ def measure(model, sources: dict, args, label: str) -> dict:
     cpu_before, host_wall = pool_cpu_s(), 0.0
     for round_ in range(args.rounds):
         for name in sources:
-            began = time.perf_counter()
+            began, watched = time.perf_counter(), decoding is not None and name == "host+busy"
+            if watched:
+                decoding.begin()
             times, window = decodes[name].run(args.decode_steps)
+            if watched:
+                decoding.end()
             steps[name] += times
             windows[name].append(window)
             decode[name].append(sum(times) / len(times))
@@ -210,8 +217,9 @@ def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> 
         if args.diagnose:
             sources["host-beside-hbm+busy"] = HostBesideHbm(client, hasher, hbm)
         roles = {os.getpid(): "rank"} | {n.pid: f"neighbour{i}" for i, n in enumerate(neighbours)}
+        decoding = CoresWithin(n.pid for n in neighbours)
         with RunnableSampler(roles) as runnable:
-            busy = measure(model, sources, args, name + " busy")
+            busy = measure(model, sources, args, name + " busy", decoding)
             probe_busy = decode_lookup(client)
         budget = budget_view(client.status())
     finally:
@@ -221,11 +229,12 @@ def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> 
     windows = busy["decode"]["host+busy"]["windows"]
     reports = counted_within(reports, windows)
     busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(), budget=budget,
-                lookup_alone=probe_alone, lookup_busy=probe_busy, decode_windows=windows)
+                lookup_alone=probe_alone, lookup_busy=probe_busy, decode_windows=windows,
+                neighbour_cores_while_decoding=decoding.cores())
     print(f"{name}: one 6,144-id lookup alone {probe_alone['median_ms']:.3f} ms (p90 {probe_alone['p90_ms']:.3f}), "
           f"beside busy neighbours {probe_busy['median_ms']:.3f} ms (p90 {probe_busy['p90_ms']:.3f})")
-    print(f"{name} busy: neighbours {reports}, "
-          f"node {busy['node']}, budget {budget}", flush=True)
+    print(f"{name} busy: neighbours {reports}, their threads' cores while the rank decoded "
+          f"{busy['neighbour_cores_while_decoding']}, node {busy['node']}, budget {budget}", flush=True)
     return busy
 
 

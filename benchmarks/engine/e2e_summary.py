@@ -35,7 +35,8 @@ def busy_summary(model: dict) -> dict:
             "lookup_p90_x": round(lookup_busy["p90_ms"] / lookup_alone["p90_ms"], 2),
             "lookup_alone_p90_ms": round(lookup_alone["p90_ms"], 3), "lookup_busy_p90_ms": round(lookup_busy["p90_ms"], 3),
             "neighbours_m_rows_per_s": round(sum(rates), 2), "each_neighbour": rates,
-            "neighbours_decoding_m_rows_per_s": decoding_m_rows_per_s(model["busy"])}
+            "neighbours_decoding_m_rows_per_s": decoding_m_rows_per_s(model["busy"]),
+            "neighbours_cores_while_decoding": model["busy"].get("neighbour_cores_while_decoding")}
 
 
 def decoding_m_rows_per_s(busy: dict) -> float | None:

@@ -147,3 +147,83 @@ def test_a_baseline_outside_the_rules_is_refused_before_any_run(monkeypatch):
     monkeypatch.setattr(busy_rules, "run_rule", lambda *a: pytest.fail("a rule ran"))
     with pytest.raises(SystemExit, match="--baseline 'decode-0' is not among --rules"):
         busy_rules.main()
+
+
+BURNER = """
+import ctypes, sys, threading, time
+def named(name):
+    ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: the thread's comm
+def burn():
+    named("burner")
+    while True:
+        pass
+named("sleeper")
+threading.Thread(target=burn, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_cores_within_spans_are_counted_by_thread_name_in_another_process():
+    """A real process with a spinning thread and a sleeping one: within the spans the spinning thread's
+    name has the CPU, the sleeping one's none; outside them nothing is counted."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.busy_neighbours import CoresWithin
+
+    proc = subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        within = CoresWithin([proc.pid])
+        assert within.cores() == {}  # no span yet
+        for _ in range(2):
+            within.begin()
+            time.sleep(0.2)
+            within.end()
+            time.sleep(0.3)  # the burner spins on between the spans: not counted
+        cores = within.cores()
+        assert 0 < cores["burner"] <= 1.05 and "sleeper" not in cores  # one thread: a core at most
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_the_neighbours_cores_are_counted_around_the_host_paths_decode_runs_alone(monkeypatch):
+    """measure() tells its CoresWithin when host+busy's decode runs begin and end, and around no other
+    variant's run nor any prefill.  The CUDA graph replays and prefills cannot run here: Decode,
+    prefill_ms and check_rows are stand-ins that log what ran."""
+    import types
+
+    from benchmarks.engine import e2e
+
+    log = []
+
+    class Decode:
+        def __init__(self, model, source):
+            self.source = source
+
+        def run(self, steps):
+            log.append(f"decode {self.source}")
+            return [1.0] * steps, [0.0, 1.0]
+
+    class Within:
+        def begin(self):
+            log.append("begin")
+
+        def end(self):
+            log.append("end")
+
+    monkeypatch.setattr(e2e, "Decode", Decode)
+    monkeypatch.setattr(e2e, "check_rows", lambda sources, hasher: None)
+    monkeypatch.setattr(e2e, "prefill_ms", lambda model, source: log.append(f"prefill {source}") or 10.0)
+    model = types.SimpleNamespace(hasher=None)
+    args = types.SimpleNamespace(rounds=2, decode_steps=3)
+    result = e2e.measure(model, {"hbm": "hbm", "host+busy": "host"}, args, "test", Within())
+    runs = [entry for entry in log if not entry.startswith("prefill")]
+    assert runs == ["decode hbm", "begin", "decode host", "end"] * 2
+    assert result["decode"]["host+busy"]["windows"] == [[0.0, 1.0]] * 2
+    log.clear()
+    e2e.measure(model, {"hbm": "hbm", "host": "host"}, args, "test")  # alone: nothing to tell
+    assert "begin" not in log
