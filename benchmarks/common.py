@@ -124,41 +124,40 @@ def drop_file(path: str) -> None:
         pass
 
 
-def on_cpu_ns_by_thread(pids) -> dict[str, int]:
-    """ns on a CPU of the threads of processes ``pids``, summed by thread name (/proc/PID/task/*/schedstat;
-    a thread or process that ended meanwhile drops out)."""
-    spent: dict[str, int] = {}
-    for pid in pids:
+def thread_schedstats(pid="self"):
+    """(name, ns on a CPU, ns runnable but waiting for one) of each thread of process ``pid``
+    (/proc/PID/task/*/schedstat; a thread or process that ended meanwhile drops out)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                on_cpu, queued, _ = f.read().split()
         except OSError:
             continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                    name = f.read().strip()
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    on_cpu = int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
+        yield name, int(on_cpu), int(queued)
+
+
+def on_cpu_ns_by_thread(pids) -> dict[str, int]:
+    """ns on a CPU of the threads of processes ``pids``, summed by thread name."""
+    spent: dict[str, int] = {}
+    for pid in pids:
+        for name, on_cpu, _ in thread_schedstats(pid):
             spent[name] = spent.get(name, 0) + on_cpu
     return spent
 
 
 def thread_sched_ns(name: str = "engram-gather") -> tuple[int, int]:
     """Summed over this process's threads called ``name``: ns on a CPU and ns runnable but waiting
-    for one (/proc/self/task/*/schedstat; a thread that ended meanwhile drops out)."""
+    for one."""
     ran = waited = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != name:
-                    continue
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                on_cpu, queued, _ = f.read().split()
-        except OSError:
-            continue
-        ran, waited = ran + int(on_cpu), waited + int(queued)
+    for thread, on_cpu, queued in thread_schedstats():
+        if thread == name:
+            ran, waited = ran + on_cpu, waited + queued
     return ran, waited
 
 
