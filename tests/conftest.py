@@ -11,11 +11,19 @@ import time
 import numpy as np
 import pytest
 
+import engram_client
 from engram_client.attach.connection import DaemonConnection
 from engram_client.core.errors import EngramError
 from engram_client.tools.serve_process import launch_serve
 from budget_ranks import Ranks
 from waiting import end_process
+
+# The processes the tests start as scripts (tests/support/ranks/*.py) have their own folder first on
+# sys.path, not the working directory, so they would import whichever engram_client is installed: a
+# checkout tested beside an editable install of another tree would run the other tree's code in its
+# peers.  The tree this process imported goes first on their PYTHONPATH.
+TREE_UNDER_TEST = os.path.dirname(os.path.dirname(os.path.abspath(engram_client.__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TREE_UNDER_TEST, os.environ.get("PYTHONPATH")) if p)
 
 
 def pytest_collection_modifyitems(config, items):
