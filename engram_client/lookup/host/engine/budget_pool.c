@@ -69,7 +69,10 @@ static inline int thread_quits(Pool *pool, int crew) {  /* the pool closes, or (
  * beside three prefilling ranks, against 2.1-6.2x with spares that gather whenever the CPU is free
  * (docs/history/benchmarks-2026-12.md, "The busy node: waking only the workers a token awaits").
  * The window outlasts a decode step, so they stay aside through a rank's whole decode, and come
- * back for a node that only prefills, where they add their CPUs to its rate. */
+ * back for a node that only prefills, where they add their CPUs to its rate.  A window shorter than
+ * a step (2 ms) gave the neighbours of a decoding rank their rate back, but a decode call that came
+ * while the spares gathered had a lone lookup's p90 at 3.3x its p90 alone against 1.41x (the same
+ * history, "The spares' quiet window"). */
 static int spare_stands_aside(const NodeBudget *b) {
     return (b->flags & NB_FLAG_SPARES_QUIET) && nb_decode_window_end(b, now_ns()) != 0;
 }
