@@ -80,14 +80,13 @@ def serving(endpoint: str | None, table_gib: float, load_threads: int = 8, daemo
     if endpoint is not None:
         yield endpoint
         return
-    from engram_client.tools.bench import start_daemon
+    from engram_client.tools.bench import start_daemon, stop_daemon
 
     proc, endpoint, _ = start_daemon(table_gib, load_threads=load_threads, extra=tuple(daemon_args))
     try:
         yield endpoint
     finally:
-        proc.terminate()
-        proc.wait(timeout=120)
+        stop_daemon(proc)
 
 
 def p90(samples: list[float]) -> float:

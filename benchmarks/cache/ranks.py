@@ -119,7 +119,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from engram_client import EngramClient
-    from engram_client.tools.bench import start_daemon
+    from engram_client.tools.bench import start_daemon, stop_daemon
     from engram_client.tools.bench_text import code_text, v4_tokenizer_path
 
     proc, endpoint, _ = start_daemon(args.table_gib, 16) if args.endpoint is None else (None, args.endpoint, None)
@@ -150,8 +150,7 @@ def main() -> None:
         print({k: v for k, v in results.items() if k != "modes"})
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=60)
+            stop_daemon(proc, timeout_s=60)
         if os.path.exists(tokens_path):
             os.unlink(tokens_path)
 

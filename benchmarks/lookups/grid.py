@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.common import write_json
 from engram_client import EngramClient
-from engram_client.tools.bench import start_daemon
+from engram_client.tools.bench import start_daemon, stop_daemon
 from engram_client.tools.bench_ids import SIZES, IdSampler
 from engram_client.tools.bench_timing import measure_overlap, time_ms
 
@@ -88,8 +88,7 @@ def main() -> None:
                       f"{r['matmul_with_ms']:8.2f} {r['slowdown'] * 100:7.1f}% {r['both_done_ms']:9.2f} "
                       f"{r['serial_ms']:7.2f}", flush=True)
     finally:
-        proc.terminate()
-        proc.wait(timeout=120)
+        stop_daemon(proc)
     write_json(args.json_path, results)
 
 

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--rounds must be 1 or more and --seconds above 0")
     from engram_client.attach.connection import DaemonConnection
     from engram_client.attach.readiness import wait_ready
-    from engram_client.tools.bench import start_daemon
+    from engram_client.tools.bench import start_daemon, stop_daemon
 
     daemons, ranks = {}, {}
     try:
@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
             if proc.is_alive():
                 proc.kill()
         for proc, _, _ in daemons.values():
-            proc.terminate()
-            proc.wait(timeout=120)
+            stop_daemon(proc)
     results = {"rules": {rule: {"serve_options": RULES[rule], "words": words[rule], "budget": counters[rule]}
                          for rule in rules},
                "rounds": args.rounds, "seconds": args.seconds, "device": args.device, "table_gib": args.table_gib,

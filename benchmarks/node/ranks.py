@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     from engram_client.attach.connection import DaemonConnection
     from engram_client.core import budget_file
     from engram_client.attach.readiness import wait_ready
-    from engram_client.tools.bench import start_daemon
+    from engram_client.tools.bench import start_daemon, stop_daemon
 
     proc, endpoint = None, args.endpoint
     if endpoint and args.daemon_args:
@@ -240,8 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         results["targets"] = judge(results)
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=120)
+            stop_daemon(proc)
     write_json(args.json, results)
     if args.markdown:
         print(markdown(results))

@@ -197,10 +197,15 @@ def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = (
     try:
         wait_for_socket(proc, endpoint)  # the callers attach at once, and a client refuses a missing socket
     except BaseException:  # a daemon that failed to bind, or a SIGTERM meanwhile: no caller holds it yet
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop_daemon(proc, timeout_s=60)
         raise
     return proc, endpoint, shm_dir
+
+
+def stop_daemon(proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Stop a daemon that start_daemon started: SIGTERM, then its exit awaited for ``timeout_s``."""
+    proc.terminate()
+    proc.wait(timeout=timeout_s)
 
 
 def main(endpoint: str | None, table_gib: float, iterations: int, strategies: list[str], load_threads: int,
@@ -216,5 +221,4 @@ def main(endpoint: str | None, table_gib: float, iterations: int, strategies: li
         return results
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=120)
+            stop_daemon(proc)
