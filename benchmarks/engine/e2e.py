@@ -229,8 +229,7 @@ def measure_busy(model, client, hasher, hbm, endpoint: str, args, name: str) -> 
     windows = busy["decode"]["host+busy"]["windows"]
     reports = counted_within(reports, windows)
     busy.update(neighbours=args.busy_neighbours, neighbour_reports=reports, node=runnable.summary(), budget=budget,
-                lookup_alone=probe_alone, lookup_busy=probe_busy, decode_windows=windows,
-                neighbour_cores_while_decoding=decoding.cores())
+                lookup_alone=probe_alone, lookup_busy=probe_busy, neighbour_cores_while_decoding=decoding.cores())
     print(f"{name}: one 6,144-id lookup alone {probe_alone['median_ms']:.3f} ms (p90 {probe_alone['p90_ms']:.3f}), "
           f"beside busy neighbours {probe_busy['median_ms']:.3f} ms (p90 {probe_busy['p90_ms']:.3f})")
     print(f"{name} busy: neighbours {reports}, their threads' cores while the rank decoded "

@@ -172,9 +172,9 @@ def test_the_neighbours_rate_is_judged_while_the_rank_decodes_where_the_run_reco
     informational one beside it (the runs above, without windows, keep the row judged on the whole run)."""
     run, rules = e2e(), busy_rules()
     busy = run["models"]["2048x16"]["busy"]
-    busy["decode_windows"] = [[10.0, 11.0], [20.0, 21.0]]
+    windows = [[10.0, 11.0], [20.0, 21.0]]
     busy["neighbour_reports"] = counted_within([dict(r, rows_per_call=393216, spans=[[10.0, 10.5], [20.5, 21.5]])
-                                                for r in busy["neighbour_reports"]], busy["decode_windows"])
+                                                for r in busy["neighbour_reports"]], windows)
     run["models"]["2048x16"]["busy_summary"] = busy_summary(run["models"]["2048x16"])  # 3 x 1.5 calls in 2 s
     summaries = {rule: dict(s, neighbours_decoding_m_rows_per_s=rate) for (rule, s), rate in
                  zip(rules["rules"].items(), (26.0, 30.0))}
