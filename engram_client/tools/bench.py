@@ -22,6 +22,7 @@ prints the tables to paste there (bench_markdown.py).
 """
 from __future__ import annotations
 
+import shutil
 import statistics
 from dataclasses import replace
 import subprocess
@@ -194,6 +195,7 @@ def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = (
     vocab = demo_vocab_for_table_bytes(int(table_gib * 2**30))
     endpoint = f"ipc://{socket_dir}/engramd.sock"
     proc = launch_serve(endpoint, shm_dir, "--demo-vocab-size", str(vocab), "--load-threads", str(load_threads), *extra)
+    proc.made_folders = (socket_dir, shm_dir)  # stop_daemon removes them once the daemon has exited
     try:
         wait_for_socket(proc, endpoint)  # the callers attach at once, and a client refuses a missing socket
     except BaseException:  # a daemon that failed to bind, or a SIGTERM meanwhile: no caller holds it yet
@@ -203,9 +205,17 @@ def start_daemon(table_gib: float, load_threads: int, extra: tuple[str, ...] = (
 
 
 def stop_daemon(proc: subprocess.Popen, timeout_s: float = 120) -> None:
-    """Stop a daemon that start_daemon started: SIGTERM, then its exit awaited for ``timeout_s``."""
+    """Stop a daemon that start_daemon started: SIGTERM, then its exit awaited for ``timeout_s``, then
+    the folders start_daemon made for its socket and its table removed (the daemon has unlinked its
+    own files by then).  A daemon still running after ``timeout_s`` raises TimeoutExpired and keeps
+    its folders."""
     proc.terminate()
     proc.wait(timeout=timeout_s)
+    for folder in getattr(proc, "made_folders", ()):
+        try:
+            shutil.rmtree(folder)
+        except FileNotFoundError:  # removed by someone else meanwhile: nothing of ours is left
+            pass
 
 
 def main(endpoint: str | None, table_gib: float, iterations: int, strategies: list[str], load_threads: int,
