@@ -24,16 +24,22 @@ RULES = {  # name -> the daemon's serve options
     "idle": "--prefill-gathers idle",
     "gpu-decode": "--decode-cpus 0",         # with the ranks' decode-size calls on the UVA kernel (DECODE_PATHS)
     "gpu-decode-cpus": "",                   # the same ranks on the default budget: its decode CPUs unused by them
+    "fifo-decode": "",                       # the default budget, the rank's workers at SCHED_FIFO (DECODE_PRIORITIES)
 }
 # The rules whose decoding rank asks for a decode path (EngramClient(decode_path=...), the engines'
 # ENGRAMD_DECODE_PATH); every other rule's rank takes the host path for every call.
 DECODE_PATHS = {"gpu-decode": "uva", "gpu-decode-cpus": "uva"}
+# The rules whose decoding rank asks for a decode priority (EngramClient(decode_priority=...), the engines'
+# ENGRAMD_DECODE_PRIORITY); every other rule's rank has the default, "normal".
+DECODE_PRIORITIES = {"fifo-decode": "fifo"}
 
 
 def rule_words(rule: str) -> str:
-    """A rule as a table names it: the daemon's serve options, and the rank's decode path where it asks one."""
+    """A rule as a table names it: the daemon's serve options, and the rank's decode path and priority
+    where it asks one."""
     words = f"`{RULES[rule] or '(none)'}`"
-    return words + (f", decode_path `{DECODE_PATHS[rule]}`" if rule in DECODE_PATHS else "")
+    words += f", decode_path `{DECODE_PATHS[rule]}`" if rule in DECODE_PATHS else ""
+    return words + (f", decode_priority `{DECODE_PRIORITIES[rule]}`" if rule in DECODE_PRIORITIES else "")
 POLICIES = ("normal", "batch", "idle")  # a neighbour's CPU scheduling policy: SCHED_OTHER, _BATCH, _IDLE
 # Prepended to a neighbour's script; called before its pool starts, whose threads inherit the policy.
 SET_POLICY = """

@@ -46,7 +46,7 @@ class EngramClient:
                  lookup_max_programs: int | None = None, hot_cache_bytes: int = 0, hot_cache_refresh_every: None = None,
                  auto_refresh: bool = False, lookup_timeout: float = 60.0, lookup_path: str = "auto",
                  strict_ids: bool = False, gather_threads: int | None = None, gather_budget: bool = True,
-                 decode_path: str | None = None):
+                 decode_path: str | None = None, decode_priority: str = "normal"):
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {device}")
@@ -76,7 +76,7 @@ class EngramClient:
                 out_dtype=out_dtype, path=lookup_path, strategy=lookup_strategy, max_programs=lookup_max_programs or None,
                 wait_timeout=lookup_timeout, strict_ids=strict_ids,
                 gather_threads=default_gather_threads(self.device) if gather_threads is None else gather_threads,
-                hot_cache_bytes=hot_cache_bytes, decode_path=decode_path)
+                hot_cache_bytes=hot_cache_bytes, decode_path=decode_path, decode_priority=decode_priority)
             self._row_ranges = row_ranges or {}
             self._attach(timeout, rank, heartbeat)
         except BaseException:
@@ -126,7 +126,8 @@ class EngramClient:
             self._signalling = signalling_for(self.device)
         state.seat = take_seat(budget, self.device, self._requested_threads, self.lookup_config.gather_threads,
                                timeout=min(timeout, 5.0))
-        state.pool = state.seat.open_pool(self._signalling is not None and self._signalling.mode == STREAM_MEMOPS)
+        state.pool = state.seat.open_pool(self._signalling is not None and self._signalling.mode == STREAM_MEMOPS,
+                                          realtime=self.lookup_config.decode_priority == "fifo")
         if state.seat.threads != self.lookup_config.gather_threads:
             self.lookup_config = replace(self.lookup_config, gather_threads=state.seat.threads)
 

@@ -12,6 +12,7 @@ its p90 alone, and the neighbours' own prefill rows/s, with the neighbours' rate
 --baseline rule's (decode-0 by default: the budget before decode CPUs, which issue 35 judges the
 neighbours' rate against).  That rate is given over the neighbours' whole run and while the rank
 decodes (within its decode runs' windows: e2e.py), each with its ratio; the page judges the latter.
+A rule of DECODE_PRIORITIES has its rank's workers at that decode_priority (every other: "normal").
 A rule of DECODE_PATHS has its rank's decode-size calls, the lone lookup's included, on that path;
 its step and lookup are also put against the baseline rule's rank alone, whose calls all take the
 host path.  A ratio of two runs in one session is the measure, not a rate against another day's:
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.busy_neighbours import DECODE_PATHS, RULES, rule_words
+from benchmarks.busy_neighbours import DECODE_PATHS, DECODE_PRIORITIES, RULES, rule_words
 from benchmarks.common import write_json
 
 E2E_TIMEOUT_S = 600  # one rule's run: a daemon's load, the model alone and beside the neighbours
@@ -44,6 +45,8 @@ def run_rule(rule: str, args, out_dir: str) -> dict:
                "--busy-neighbours", str(args.busy_neighbours), "--daemon-args", RULES[rule], "--json", path]
     if rule in DECODE_PATHS:
         command += ["--decode-path", DECODE_PATHS[rule]]
+    if rule in DECODE_PRIORITIES:
+        command += ["--decode-priority", DECODE_PRIORITIES[rule]]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=E2E_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -122,7 +125,8 @@ def main() -> None:
     summaries = with_baseline(summaries, args.baseline)
     print(table(summaries, args.baseline))
     write_json(args.json, {"baseline": args.baseline,
-                           "rules": {rule: {"serve_options": RULES[rule], "decode_path": DECODE_PATHS.get(rule), **s}
+                           "rules": {rule: {"serve_options": RULES[rule], "decode_path": DECODE_PATHS.get(rule),
+                                                  "decode_priority": DECODE_PRIORITIES.get(rule, "normal"), **s}
                                      for rule, s in summaries.items()}})
 
 

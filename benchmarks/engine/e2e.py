@@ -255,6 +255,8 @@ def main() -> None:
                         "--endpoint): the budget's rules, e.g. '--decode-cpus 0' or '--prefill-gathers idle'")
     parser.add_argument("--decode-path", choices=("host", "uva"), help="the client's decode_path (default: as "
                         "every other call, the host path)")
+    parser.add_argument("--decode-priority", choices=("normal", "fifo"), default="normal",
+                        help="the client's decode_priority: its workers at SCHED_FIFO (fifo) or not")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.endpoint and args.daemon_args:
@@ -263,12 +265,14 @@ def main() -> None:
     results = {"gpu": torch.cuda.get_device_name(0), "batch": BATCH, "prefill_tokens": PREFILL_SEQS * PREFILL_LEN,
                "decode_steps": args.decode_steps, "rounds": args.rounds, "models": {}}
     results["daemon_args"], results["decode_path"] = args.daemon_args, args.decode_path
+    results["decode_priority"] = args.decode_priority
     with serving(args.endpoint, args.table_gib, load_threads=min(16, os.cpu_count() or 1),
                  daemon_args=tuple(shlex.split(args.daemon_args))) as endpoint:
         started = time.perf_counter()
         client = EngramClient(endpoint=endpoint, device="cuda:0", lookup_path="host", timeout=3600,
-                              decode_path=args.decode_path)
-        results.update(lookup_path_info=client.lookup_path_info, table_bytes=client.status()["table_bytes"],
+                              decode_path=args.decode_path, decode_priority=args.decode_priority)
+        results.update(lookup_path_info=client.lookup_path_info, gather_budget=client.gather_budget,
+                       table_bytes=client.status()["table_bytes"],
                        attach_s=time.perf_counter() - started)
         hasher = demo_hasher(client, vocab)
         TOKENS[0] = min(VOCAB, hasher.vocab)

@@ -1,7 +1,8 @@
 """One lookup at a time, GPU-visible, alone and beside busy neighbours, with the budget's counters.
 
     python -m benchmarks.lookups.probe --endpoint E [--rows 6144] [--calls 60] [--gap-ms 6.6]
-        [--threads default,4,1] [--busy-neighbours 3] [--neighbour-policies normal,idle] [--json out.json]
+        [--threads default,4,1] [--busy-neighbours 3] [--neighbour-policies normal,idle]
+        [--decode-priority normal|fifo] [--json out.json]
 
 For each pool size (``default``: what the node's budget gives a rank), a client on the host path
 looks up ``--rows`` fresh uniform ids on the GPU, one call every ``--gap-ms`` (a decode step's
@@ -83,15 +84,18 @@ def main() -> None:
     parser.add_argument("--busy-neighbours", type=int, default=0)
     parser.add_argument("--neighbour-policies", default="normal",
                         help=f"the neighbours' CPU scheduling policies, one series each: {', '.join(POLICIES)}")
+    parser.add_argument("--decode-priority", choices=("normal", "fifo"), default="normal",
+                        help="the client's decode_priority (its workers at SCHED_FIFO, or not)")
     parser.add_argument("--json")
     args = parser.parse_args()
     results = {}
     for threads in args.threads.split(","):
         requested = None if threads == "default" else int(threads)
         client = EngramClient(endpoint=args.endpoint, device="cuda:0", lookup_path="host", timeout=900,
-                              gather_threads=requested)
+                              gather_threads=requested, decode_priority=args.decode_priority)
         try:
-            entry = results[f"threads={threads}"] = {"gather_budget": client.gather_budget}
+            entry = results[f"threads={threads}"] = {"gather_budget": client.gather_budget,
+                                                     "decode_priority": client._state.pool.decode_priority}
             for rows in map(int, args.rows.split(",")):
                 entry[f"{rows} alone"] = probe(client, rows, args.calls, args.gap_ms * 1e-3)
                 for policy in args.neighbour_policies.split(",") if args.busy_neighbours else ():

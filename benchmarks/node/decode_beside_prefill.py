@@ -1,7 +1,8 @@
 """A decode-size lookup's host stage beside ranks that prefill, on the CPU alone: where its time goes.
 
     python -m benchmarks.node.decode_beside_prefill [--mode eager|graph] [--tokens 2] [--neighbours 2]
-        [--table-gib 2] [--policies normal,batch,idle,crew,decode] [--decode-cpus 1] [--calls 150] [--hogs 1]
+        [--table-gib 2] [--policies normal,batch,idle,crew,decode,decode-quiet,decode-fifo] [--decode-cpus 1]
+        [--calls 150] [--hogs 1]
         [--json out.json]
 
 No daemon and no GPU: the parts of the node budget a decode-size call depends on, real.  A budget
@@ -23,7 +24,11 @@ the neighbours at normal priority on a budget that asks for a prefill crew (engr
 engram_client/lookup/host/engine/crew.c; the decode pool has one too, unused), and ``decode``: the neighbours at normal priority
 on a budget that keeps --decode-cpus of its tokens and CPUs (the last ones) for decode-size calls
 (engramd --decode-cpus: each pool's prefill crew at normal priority off those CPUs, its spares at
-SCHED_IDLE on them).  For each: the decode call alone and beside the
+SCHED_IDLE on them, gathering beside decode calls too: --decode-spares idle); ``decode-quiet``: the
+same with the spares standing aside while a rank decodes (--decode-spares quiet, the daemon's
+default), the decode pool's workers at normal priority; ``decode-fifo``: the same with them at
+SCHED_FIFO 1 (the client's decode_priority "fifo"; this process must be allowed it), whose decode
+calls the spares do not stand aside for.  For each: the decode call alone and beside the
 neighbours (median, p90, its first chunk, how long its workers sat runnable waiting for a CPU,
 from schedstat), and the neighbours' rows/s with no decode call and with --hogs CPU-bound
 processes of normal priority on the same CPUs (what the policy costs a prefill where other
@@ -155,17 +160,27 @@ def prefill_rates(fd: int, path: str, tokens: int, count: int, policy: str, hogs
     return sum(rates)
 
 
-SERIES = POLICIES + ("crew", "decode")  # the neighbours' policies, the budget's prefill crew, its decode CPUs
+# The neighbours' policies, the budget's prefill crew, its decode CPUs (spares gathering beside decode
+# calls too: --decode-spares idle), the daemon's default rules (--decode-spares quiet) with the decode
+# pool's workers at normal priority, and the same with them at SCHED_FIFO 1 (the client's
+# decode_priority "fifo").
+SERIES = POLICIES + ("crew", "decode", "decode-quiet", "decode-fifo")
+QUIET = ("decode-quiet", "decode-fifo")
 
 
 def series(name: str, path: str, table: np.ndarray, args) -> dict:
     crew = name == "crew"
-    policy = "normal" if name in ("crew", "decode") else name
-    fd = budget_file.create([args.tokens], flags=budget_file.FLAG_PREFILL_IDLE if crew else 0,
-                            decode=[args.decode_cpus if name == "decode" else 0])
+    policy = "normal" if name in ("crew", "decode") + QUIET else name
+    flags = budget_file.FLAG_PREFILL_IDLE if crew else budget_file.FLAG_SPARES_QUIET if name in QUIET else 0
+    fd = budget_file.create([args.tokens], flags=flags,
+                            decode=[args.decode_cpus if name.startswith("decode") else 0])
     try:
         budget = _host_gather.NodeBudget(fd, 0, args.tokens, budget_file.MAX_SLOTS)
-        pool = _host_gather.GatherPool(args.tokens, caller_gathers=False, budget=budget, cpus=list(range(args.tokens)))
+        pool = _host_gather.GatherPool(args.tokens, caller_gathers=False, budget=budget, cpus=list(range(args.tokens)),
+                                       decode_priority=1 if name == "decode-fifo" else 0)
+        if name == "decode-fifo" and not pool.decode_priority[0]:
+            raise SystemExit(f"decode-fifo: this process may not run threads at SCHED_FIFO "
+                             f"({os.strerror(pool.decode_priority[1])})")
         try:
             graph = args.mode == "graph"
             result = {"alone": decode_calls(pool, table, args.calls, graph)}
@@ -211,8 +226,8 @@ def main() -> None:
         results = {"tokens": args.tokens, "neighbours": args.neighbours, "cpus": os.cpu_count(), "mode": args.mode,
                    "policies": {}}
         print("| neighbours | decode alone: median / p90 ms | beside prefill: median / p90 ms | first chunk ms | "
-              f"workers queued ms | prefill M rows/s | with {args.hogs} hog(s) |")
-        print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+              f"workers queued ms | neighbours beside the calls, M rows/s | prefill M rows/s | with {args.hogs} hog(s) |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for name in args.policies.split(","):
             r = results["policies"].setdefault(name, [])
             r.append(series(name, path, table, args))
@@ -220,7 +235,7 @@ def main() -> None:
             a, b = r["alone"], r["busy"]
             print(f"| {name} | {a['median_ms']:.2f} / {a['p90_ms']:.2f} | {b['median_ms']:.2f} / {b['p90_ms']:.2f} | "
                   f"{a['first_chunk_ms']:.2f} / {b['first_chunk_ms']:.2f} | {a['workers_queued_ms']:.2f} / "
-                  f"{b['workers_queued_ms']:.2f} | {r['prefill_m_rows_s_0_hogs']:.1f} | "
+                  f"{b['workers_queued_ms']:.2f} | {b['neighbours_m_rows_s']:.1f} | {r['prefill_m_rows_s_0_hogs']:.1f} | "
                   f"{r[f'prefill_m_rows_s_{args.hogs}_hogs']:.1f} |", flush=True)
     finally:
         os.close(fd)

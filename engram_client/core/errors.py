@@ -5,7 +5,7 @@
     ├── LayoutError                  config and tensors disagree, or a config is unusable
     ├── TableFileError               a table file that is not complete, not ours, or damaged
     ├── ShmSpaceError                not enough room in the shm dir to reserve the table
-    ├── ConfigError                  a daemon setting that cannot work (names the option)
+    ├── ConfigError                  a setting (the daemon's or a client's) that cannot work (names it)
     ├── ProtocolError                a message that does not follow docs/protocol.md
     ├── RequestError                 the daemon answered a request with an error reply
     │   ├── NotReadyError            no table is ready yet (state loading / failed)

@@ -38,7 +38,8 @@ from .errors import ProtocolError
 # 1.7 the gather budget's decode CPUs (its header's decode counts, status's decode_tokens and decode_cpus);
 # 1.8 quiet spares (the header's flags bit 2, the groups' decode_at, status's decode_spares "quiet");
 # 1.9 heartbeat's spare_blocks and spare_asides (what a client's spares gathered, and how often they stood aside)
-PROTOCOL_VERSION = (1, 9)
+# 1.10 heartbeat's decode_fifo (the SCHED_FIFO priority a client's workers gather decode-size calls at)
+PROTOCOL_VERSION = (1, 10)
 VERSION_STRING = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
 # A request larger than this is refused by the socket itself (ZMQ_MAXMSGSIZE):
 # every legitimate request is a few hundred bytes.

@@ -20,6 +20,7 @@ VLLM = "ENGRAMD_VLLM"
 SGLANG = "ENGRAMD_SGLANG"
 DAEMON_USER = "ENGRAMD_DAEMON_USER"
 DECODE_PATH = "ENGRAMD_DECODE_PATH"
+DECODE_PRIORITY = "ENGRAMD_DECODE_PRIORITY"
 TEST_BIND_NODE = "ENGRAMD_TEST_BIND_NODE"
 TEST_LOCK_GATE = "ENGRAMD_TEST_LOCK_GATE"
 
@@ -30,6 +31,7 @@ READERS = {
     SGLANG: "the SGLang plugin: 1 switches it on",
     DAEMON_USER: "every client: the daemon's user it trusts beside root and itself (engram_client/attach/socket_trust.py)",
     DECODE_PATH: "the engines' plugins: their ranks' decode_path (engram_client/integrations/rank/rank_client.py)",
+    DECODE_PRIORITY: "the engines' plugins: their ranks' decode_priority (engram_client/integrations/rank/rank_client.py)",
     TEST_BIND_NODE: "tests only: binds every NUMA replica to this real node (engramd/daemon/replicas.py)",
     TEST_LOCK_GATE: "tests only: pauses the daemon's start at its endpoint lock (tests/support/lock_pause_site)",
 }

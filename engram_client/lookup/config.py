@@ -21,6 +21,10 @@ DECODE_PATHS = (None, "host", "uva")
 # path, and decode_path picks its path (the budget's small_rows: one fact, budget_file.py).
 DECODE_ROWS = SMALL_ROWS
 STRATEGIES = ("auto", "dedup", "direct")
+# The host path's workers while the node's budget gives prefill-size calls a crew of their own, so
+# they gather decode-size calls alone: "normal", the process's own policy; "fifo", SCHED_FIFO
+# (GatherSeat.open_pool; refused by name where the process may not).
+DECODE_PRIORITIES = ("normal", "fifo")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 MAX_GATHER_THREADS = 16
 
@@ -94,6 +98,11 @@ class LookupConfig:
     # call; "host"; "uva": the UVA kernel, which takes no CPU, so that a decoding rank leaves the node's
     # CPUs to the ranks that prefill (docs/integration.md, "Decode lookups on the GPU").
     decode_path: str | None = None
+    # The host path's decode-size gathers where the node's budget keeps prefill-size ones off the
+    # workers (engramd --decode-cpus, --prefill-gathers idle): "fifo" runs the workers at SCHED_FIFO, so a
+    # woken worker takes a CPU from a prefill gather at once (docs/integration.md, "Decode workers at
+    # SCHED_FIFO"); "normal" leaves them at the process's own policy.
+    decode_priority: str = "normal"
     _uva_from: float = field(default=float("inf"), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +115,8 @@ class LookupConfig:
         if self.decode_path == "uva" and self.hot_cache_bytes:
             raise ValueError("decode_path 'uva' serves no HBM row cache: pass hot_cache_bytes=0 with it, or "
                              "decode_path='host'")
+        if self.decode_priority not in DECODE_PRIORITIES:
+            raise ValueError(f"decode_priority must be one of {', '.join(DECODE_PRIORITIES)}, got {self.decode_priority!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"lookup strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.max_programs is not None and (not isinstance(self.max_programs, int) or self.max_programs < 1):

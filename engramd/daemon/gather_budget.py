@@ -40,7 +40,7 @@ log = logging.getLogger("engramd.gather_budget")
 # What a client may report in its heartbeat (engram_client/lookup/host/gather_seat.py): name -> type.
 REPORT_FIELDS = {"slot": int, "group": int, "tokens": int, "threads": int, "cpus": str, "held": int, "rows": int,
                  "wait_s": float, "acquired": int, "yields": int, "overdraft": int, "prefill_threads": int,
-                 "stand_ins": int, "spare_blocks": int, "spare_asides": int}
+                 "stand_ins": int, "spare_blocks": int, "spare_asides": int, "decode_fifo": int}
 REPORT_CPUS_CHARS = 256
 
 

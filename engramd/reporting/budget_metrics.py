@@ -36,6 +36,8 @@ def budget_families(status: dict):
                                                    "decode CPUs"),
                                   ("spare_asides", "Times a client's quiet spares stood aside because a rank of "
                                                    "their group decodes"),
+                                  ("decode_fifo", "The SCHED_FIFO priority a client's workers gather decode-size "
+                                                  "calls at (0: normal priority; decode_priority)"),
                                   ("seated", "1 while a client has a seat on the budget, 0 while it gathers beside "
                                              "it (its slots locked, or its memory not to be had)"))}
     for client in status.get("clients", []):
@@ -46,7 +48,7 @@ def budget_families(status: dict):
         for key, field in (("threads", "threads"), ("rows", "rows"), ("wait_seconds", "wait_s"),
                            ("overdrafts", "overdraft"), ("prefill_threads", "prefill_threads"),
                            ("stand_ins", "stand_ins"), ("spare_blocks", "spare_blocks"),
-                           ("spare_asides", "spare_asides")):
+                           ("spare_asides", "spare_asides"), ("decode_fifo", "decode_fifo")):
             families[key].add_metric(labels, budget.get(field, 0))
         families["seated"].add_metric(labels, int("slot" in budget))
     yield from families.values()

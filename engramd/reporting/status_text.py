@@ -114,7 +114,8 @@ def _client_budget(budget: dict[str, Any] | None) -> str:
             + (f"; spares on the decode CPUs gathered {_plural(budget.get('spare_blocks', 0), 'prefill block')}, "
                f"stood aside {_plural(budget.get('spare_asides', 0), 'time')}"
                if budget.get("spare_blocks") or budget.get("spare_asides") else "")
-            + (f"; {budget['prefill_threads']} prefill threads at SCHED_IDLE" if budget.get("prefill_threads") else ""))
+            + (f"; {budget['prefill_threads']} prefill threads at SCHED_IDLE" if budget.get("prefill_threads") else "")
+            + (f"; decode-size calls gathered at SCHED_FIFO {budget['decode_fifo']}" if budget.get("decode_fifo") else ""))
 
 
 def _pages_line(pages: dict[str, Any] | None) -> str:

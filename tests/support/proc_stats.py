@@ -1,4 +1,5 @@
-"""What /proc says about a real process: its resident memory and its open descriptors."""
+"""What /proc says about a real process: its resident memory, its open descriptors and its threads'
+scheduling policies; and whether this process may put a thread at SCHED_FIFO."""
 from __future__ import annotations
 
 import os
@@ -25,3 +26,26 @@ def heap_mib(pid: int) -> float:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def may_run_fifo() -> bool:
+    """Whether this process may put a thread at SCHED_FIFO 1 (CAP_SYS_NICE, or a real-time priority limit)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except PermissionError:
+        return False
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    return True
+
+
+def worker_policies(pid: int, name: str = "engram-gather") -> set[int]:
+    """The scheduling policies of process ``pid``'s threads called ``name``."""
+    policies = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                if f.read().strip() == name:
+                    policies.add(os.sched_getscheduler(int(task)))
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended while we looked
+            continue
+    return policies

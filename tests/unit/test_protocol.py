@@ -78,7 +78,7 @@ def test_check_version_refuses(message, expected):
 
 def test_request_builder_is_parsed_back():
     message = protocol.request("heartbeat", 42, {"client_id": "c1-1"})
-    assert message["v"] == protocol.VERSION_STRING == "1.9"
+    assert message["v"] == protocol.VERSION_STRING == "1.10"
     assert protocol.parse_request(protocol.unpack(protocol.pack(message))) == (42, "heartbeat", {"client_id": "c1-1"})
     assert protocol.parse_request({"v": "1.3", "id": "s", "op": "status"}) == ("s", "status", {})  # args optional
 

@@ -33,7 +33,7 @@ def test_every_public_name_resolves():
     namespace: dict = {}
     exec("from engram_client import *", namespace)
     assert set(EXPECTED_ALL) <= set(namespace)
-    assert engram_client.PROTOCOL_VERSION == (1, 9)
+    assert engram_client.PROTOCOL_VERSION == (1, 10)
     assert callable(engram_client.default_endpoint)
     for name in ("EngramClient", "EngramTable", "PrefetchHandle"):
         assert inspect.isclass(getattr(engram_client, name)), name

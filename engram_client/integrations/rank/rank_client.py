@@ -24,7 +24,8 @@ from engram_client import DaemonUnavailableError, EngramClient, IntegrationError
 from engram_client.attach.connection import DaemonConnection
 from engram_client.attach.daemon_probe import absent_reason
 from engram_client.attach.readiness import wait_ready
-from engram_client.core.variables import DECODE_PATH
+from engram_client.core.variables import DECODE_PATH, DECODE_PRIORITY
+from engram_client.lookup.config import DECODE_PRIORITIES
 
 # A daemon that answers nothing within this is reported at once (not started, wrong socket)...
 REACH_TIMEOUT_S = 10.0
@@ -106,8 +107,20 @@ def decode_path_asked() -> str | None:
     return None
 
 
+def decode_priority_asked() -> str:
+    """$ENGRAMD_DECODE_PRIORITY, the engine's choice of its host-path workers' priority for decode-size
+    calls (docs/integration.md, "Decode workers at SCHED_FIFO"): "normal" (unset, empty) or "fifo";
+    anything else is refused."""
+    value = os.environ.get(DECODE_PRIORITY, "").strip() or "normal"
+    if value not in DECODE_PRIORITIES:
+        raise IntegrationError(f"{DECODE_PRIORITY}={value!r}: set it to fifo (decode-size gathers at SCHED_FIFO, "
+                               "which the engine must be allowed) or normal, or unset it")
+    return value
+
+
 def _attach(engine: Engine, head_start: int, part_heads: int) -> RankClient:
     decode_path = decode_path_asked()  # before anything is reached: a typo is the user's first error
+    decode_priority = decode_priority_asked()
     connection = DaemonConnection(None)  # $ENGRAMD_SOCKET, else the default path
     advice = (f"start engramd before {engine.name} (engramd serve --checkpoint DIR), or set ENGRAMD_SOCKET "
               "to its socket")
@@ -127,7 +140,7 @@ def _attach(engine: Engine, head_start: int, part_heads: int) -> RankClient:
                   for entry in status["layers"]}
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
     client = EngramClient(endpoint=connection.endpoint, device=lookup_device(engine), timeout=READY_TIMEOUT_S,
-                          row_ranges=row_ranges, rank=rank, decode_path=decode_path)
+                          row_ranges=row_ranges, rank=rank, decode_path=decode_path, decode_priority=decode_priority)
     attached = RankClient(client, status, head_start, part_heads, engine.name)
     served = {layer: client.table(layer).head_sizes for layer in client.layers}
     wanted = {int(entry["layer"]): tuple(entry["head_sizes"]) for entry in status["layers"]}
@@ -136,5 +149,6 @@ def _attach(engine: Engine, head_start: int, part_heads: int) -> RankClient:
         raise IntegrationError(f"engramd's table changed while this rank attached ({attached.describe_table()} "
                                "before; a reload?): start the model again")
     engine.log.info("attached to %s: layers %s, rows %s%s", attached.describe_table(), client.layers, row_ranges,
-                    f"; decode-size lookups on the {decode_path} path ({DECODE_PATH})" if decode_path else "")
+                    (f"; decode-size lookups on the {decode_path} path ({DECODE_PATH})" if decode_path else "")
+                    + (f"; decode-size gathers at SCHED_FIFO ({DECODE_PRIORITY})" if decode_priority == "fifo" else ""))
     return attached

@@ -24,11 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core import budget_file
-from ...core.errors import EngramError
+from ...core.errors import ConfigError, EngramError
 from ...core.numa_nodes import cpu_rank_node, sysfs_root
 
 log = logging.getLogger("engram_client")
 MAX_BUDGET_THREADS = 64  # threads beyond this only wait for tokens: a rank never needs more in flight
+# The workers' SCHED_FIFO priority for decode_priority="fifo": the lowest, above every thread of normal
+# priority and below every real-time thread the system has (its interrupt threads run at 50).
+DECODE_FIFO_PRIORITY = 1
 
 
 def _n(count: int, word: str) -> str:
@@ -94,6 +97,7 @@ class GatherSeat:
     pool: Any = None  # the pool open_pool started on this seat
     prefill_words: str = ""  # what the daemon's --prefill-gathers rule means for the pool, once it is open
     seatless: bool = False  # the daemon has a budget, but this rank has no seat on it (take_seat)
+    realtime_asked: bool = False  # open_pool's realtime: decode_priority "fifo"
 
     @property
     def explanation(self) -> str:
@@ -121,15 +125,25 @@ class GatherSeat:
         if daemon_version is not None and daemon_version >= (1, 9) and self.pool is not None:
             blocks, asides = self.pool.spare_counts
             report["spare_blocks"], report["spare_asides"] = sane(blocks), sane(asides)
+        if daemon_version is not None and daemon_version >= (1, 10) and self.pool is not None:
+            report["decode_fifo"] = self.pool.decode_priority[0]
         return report
 
-    def open_pool(self, signalled: bool = False):
+    def open_pool(self, signalled: bool = False, realtime: bool = False):
         """The pool on this seat.  Where stream memory operations signal the workers (host_signal.py)
-        no host function lends its thread to the gather, so the pool starts ``threads`` workers."""
+        no host function lends its thread to the gather, so the pool starts ``threads`` workers.
+        ``realtime``: its workers gather at SCHED_FIFO while a crew takes the prefill-size calls
+        (engine/crew.c, workers_realtime); where the kernel refuses it, ConfigError says why and how
+        to allow it (after a move to another daemon's budget it is only said: _say_prefill_crew)."""
         from .host_lookup import _host_gather
 
-        self.pool = _host_gather.GatherPool(self.threads, caller_gathers=not signalled, budget=self.budget,
-                                            cpus=self.cpus)
+        pool = _host_gather.GatherPool(self.threads, caller_gathers=not signalled, budget=self.budget,
+                                       cpus=self.cpus, decode_priority=DECODE_FIFO_PRIORITY if realtime else 0)
+        if realtime and pool.decode_priority[1]:
+            words = self.realtime_refusal(pool.decode_priority[1])
+            pool.close()
+            raise ConfigError(words)
+        self.pool, self.realtime_asked = pool, realtime
         self._say_prefill_crew()
         return self.pool
 
@@ -151,6 +165,31 @@ class GatherSeat:
                          "prefill gathers at normal priority, and decode-size lookups beside it wait for CPUs")
                 log.warning("engram_client: %s", words)
                 self.prefill_words = "; " + words
+        if self.budget is not None and self.realtime_asked:
+            self.prefill_words += self._decode_priority_words()
+
+    def _decode_priority_words(self) -> str:
+        """What decode_priority="fifo" came to for this pool's workers."""
+        priority, error = self.pool.decode_priority
+        if priority:
+            return (f"; its workers gather decode-size calls at SCHED_FIFO {priority} (decode_priority='fifo'), taking a "
+                    "CPU from any prefill gather the moment they wake, so the decode CPUs' spares need not stand "
+                    "aside for them")
+        if not error:
+            return ("; decode_priority='fifo' asks for its workers at SCHED_FIFO, but they may take prefill-size calls "
+                    "on this budget (no prefill crew), so they stay at normal priority")
+        words = self.realtime_refusal(error)
+        log.warning("engram_client: %s", words)
+        return "; " + words
+
+    @staticmethod
+    def realtime_refusal(error: int) -> str:
+        """Why the workers could not go to SCHED_FIFO (the errno), and how to allow it."""
+        return (f"decode_priority='fifo': this process may not run threads at SCHED_FIFO ({os.strerror(error)}), so "
+                "its decode-size calls would be gathered at normal priority; give the engine CAP_SYS_NICE or a "
+                f"real-time priority limit of {DECODE_FIFO_PRIORITY} or more (systemd "
+                f"LimitRTPRIO={DECODE_FIFO_PRIORITY}, docker --ulimit rtprio={DECODE_FIFO_PRIORITY}), or leave "
+                "decode_priority at 'normal'")
 
     def _decode_cpu_words(self) -> str:
         """What the daemon's decode CPUs (--decode-cpus) mean for this pool."""

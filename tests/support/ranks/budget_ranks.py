@@ -27,12 +27,13 @@ def read_line(proc: subprocess.Popen, timeout: float, what: str) -> dict:
 class Ranks:
     """Rank processes (tests/support/ranks/budget_rank.py), started together once each has attached."""
 
-    def __init__(self, endpoint: str, specs: list[tuple[int, int, int]], device: str = "cpu"):
-        # specs: (rows per call, calls (0: until stopped), gather_threads (0: the budget decides)) per rank
+    def __init__(self, endpoint: str, specs: list[tuple], device: str = "cpu"):
+        # specs: (rows per call, calls (0: until stopped), gather_threads (0: the budget decides)[, decode_priority
+        # ("normal" if not given)]) per rank
         self.procs = [subprocess.Popen([sys.executable, RANK, endpoint, str(rows), str(calls), str(threads), str(i),
-                                        device],
+                                        device, *priority],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                      for i, (rows, calls, threads) in enumerate(specs)]
+                      for i, (rows, calls, threads, *priority) in enumerate(specs)]
         self.ready = [read_line(p, 60, "attach line") for p in self.procs]
 
     def go(self) -> None:

@@ -140,7 +140,9 @@ void *budget_worker_main(Pool *pool, int crew) {
             if (!listed) {  /* a pre-wake: be awake for the job, but only on a token nobody else wants */
                 answered = atomic_load(&pool->spin_until);
                 linger_until = answered;
-                if ((tok = nb_try(b, 1, 1)) == NB_NONE) continue;
+                /* ...and not at SCHED_FIFO, where spinning keeps the CPU from every thread of normal
+                 * priority (crew.c); such a worker takes the CPU at once when the job wakes it. */
+                if (atomic_load(&pool->decode_rt) || (tok = nb_try(b, 1, 1)) == NB_NONE) continue;
             } else if (crew == 2) {
                 decode_seen = atomic_load_explicit(&b->g->decode_at, memory_order_relaxed);
                 if (spare_stands_aside(b)) {
@@ -178,7 +180,7 @@ void *budget_worker_main(Pool *pool, int crew) {
             }
         }
         int64_t now = now_ns(), spin = crew ? 0 : atomic_load(&pool->spin_until);
-        if (tok >= 0 && (now < linger_until || now < spin) && !nb_others_wanting(b)) {
+        if (tok >= 0 && (now < linger_until || now < spin) && !nb_others_wanting(b) && !atomic_load(&pool->decode_rt)) {
             if (!crew && signals_poll(pool)) continue;  /* a stream armed a job: it is listed now */
             for (int i = 0; i < 32; i++) cpu_relax();
             continue;
@@ -243,10 +245,15 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
 }
 
 /* A job of the pool starts: a decode-size one is noted in the group (nb_note_decode), for the spares
- * of every rank in it.  Every one counts, the one-block jobs a caller gathers alone included. */
+ * of every rank in it.  Every one counts, the one-block jobs a caller gathers alone included, but
+ * those of a pool whose workers run at SCHED_FIFO (crew.c): they take a spare's CPU the moment
+ * they wake, so the spares need not stand aside for them, and the prefilling ranks keep the decode
+ * CPUs while such ranks decode (quiet spares stood aside for whole decode phases, and the neighbours
+ * lost 0.71-0.86x of their rate to it: docs/history/benchmarks-2026-12.md). */
 static void job_starting(Pool *pool, const Job *job) {
     NodeBudget *b = atomic_load(&pool->budget);
-    if (b != NULL && nb_usable(b) && job->n <= b->small_rows) nb_note_decode(b, now_ns());
+    if (b != NULL && nb_usable(b) && job->n <= b->small_rows && !atomic_load(&pool->decode_rt))
+        nb_note_decode(b, now_ns());
 }
 
 /* Whether `job` (being listed; pool lock held) goes to the crew (crew.c says why). */
@@ -276,9 +283,12 @@ static int workers_to_wake(Pool *pool, const Job *job) {
     return free > 1 ? free : 1;  /* one at least: it waits for a token, and the job's own thread may help */
 }
 
-/* What the watcher may spin for (pool.h's pool_spin_room; no lock: hints, read as it spins). */
+/* What the watcher may spin for (pool.h's pool_spin_room; no lock: hints, read as it spins).  A
+ * watcher at SCHED_FIFO (crew.c) never spins: spinning, it would keep its CPU from every thread of
+ * normal priority there, the engine's own included, for the whole window; it naps between polls. */
 static int spin_room(Pool *pool) {
     NodeBudget *b = atomic_load(&pool->budget);
+    if (atomic_load(&pool->decode_rt)) return SPIN_NONE;
     if (!nb_usable(b)) return SPIN_ANY;
     return nb_held_total(b) < b->tokens ? SPIN_WINDOW : SPIN_NONE;
 }

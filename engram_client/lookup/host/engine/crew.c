@@ -31,11 +31,23 @@
  * normal priority.  Their price: a block a spare took when a thread of normal priority wanted its
  * CPU waits for it, so a prefill call's last block may come late beside a busy decode CPU.
  *
- * Owns: starting the crew and its spares, and where they run (crew_split).  Which job goes to the
- * crew is a budget rule (crew_takes, budget_pool.c); the pool joins the crew as it joins its workers
- * (crew_join, pool.c).  May call: the pool (pool.h), budget_pool.c's worker loop.  Must never: raise
- * the priority of a thread (a crew at SCHED_IDLE stays there), or fail the pool when a sandbox
- * refuses SCHED_IDLE (crew_error says why, the client reports it).  Runs with the GIL released.
+ * While a crew takes every prefill-size job, the pool's workers gather decode-size jobs alone, and
+ * where the client asks (decode_rt_asked) and the process may (CAP_SYS_NICE, or RLIMIT_RTPRIO at
+ * least that priority) they run at SCHED_FIFO (workers_realtime).  Decode CPUs leave a decode call
+ * CPUs to wake on, but the kernel does not always place a woken worker there: beside three
+ * prefilling ranks a 6,144-row call's slowest cases still had its workers runnable 2-11 ms summed,
+ * behind the crews of normal priority (docs/history/benchmarks-2026-12.md, "Where a decode call's
+ * workers wait").  A woken SCHED_FIFO thread takes a CPU from any thread of normal priority at once.
+ * Such a worker holds a token while it gathers, as before, so the group's count of gathering
+ * threads still holds; it gathers at most small_rows rows a job, and stands aside for nothing else.
+ *
+ * Owns: starting the crew and its spares, where they run (crew_split), and the workers' scheduling
+ * while a crew takes prefill (workers_realtime).  Which job goes to the crew is a budget rule
+ * (crew_takes, budget_pool.c); the pool joins the crew as it joins its workers (crew_join, pool.c).
+ * May call: the pool (pool.h), budget_pool.c's worker loop.  Must never: raise the priority of a
+ * crew thread (a crew at SCHED_IDLE stays there), leave a worker at SCHED_FIFO while it may take a
+ * prefill-size job, or fail the pool when a sandbox refuses SCHED_IDLE or SCHED_FIFO (crew_error
+ * and decode_rt_error say why, the client reports it).  Runs with the GIL released.
  */
 #include "crew.h"
 #include "budget_pool.h"
@@ -62,6 +74,31 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
     return found;
 }
 
+/* The workers at SCHED_FIFO, priority decode_rt_asked (on), or back at SCHED_OTHER.  `on` only
+ * where a crew runs that takes every prefill-size job (crew_takes): a worker at SCHED_FIFO that took
+ * 393,216 rows would keep the CPUs it runs on from every thread of normal priority for milliseconds.
+ * All or none: a refusal (no CAP_SYS_NICE and RLIMIT_RTPRIO below the priority, or a cgroup with no
+ * real-time time) puts back the workers already moved and keeps its errno in decode_rt_error.  Under
+ * the pool's lock, checking stop there: pool_stop sets stop before it takes the lock and joins the
+ * workers after, so no worker is joined while this moves it. */
+static void workers_realtime(Pool *pool, int on) {
+    int prio = on ? pool->decode_rt_asked : 0;
+    pthread_mutex_lock(&pool->lock);
+    if (!atomic_load(&pool->stop) && prio != atomic_load(&pool->decode_rt)) {
+        struct sched_param param = {.sched_priority = prio}, normal = {0};
+        int err = 0, moved = 0;
+        for (; moved < pool->nthreads && !err; moved++)
+            err = pthread_setschedparam(pool->threads[moved], prio ? SCHED_FIFO : SCHED_OTHER, &param);
+        if (err) {
+            for (int i = 0; i < moved; i++) pthread_setschedparam(pool->threads[i], SCHED_OTHER, &normal);
+            prio = 0;
+        }
+        if (on) pool->decode_rt_error = err;
+        atomic_store(&pool->decode_rt, prio);
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
 /* Start the crew the pool's budget asks for: as many threads as the pool was asked for (a prefill
  * job's caller does not gather beside them), at SCHED_IDLE (--prefill-gathers idle), or at normal
  * priority off the decode CPUs, one per CPU there at most, plus one spare per decode CPU.  A crew of
@@ -77,11 +114,15 @@ int crew_start(Pool *pool) {
     CPU_ZERO(&decode_pin);
     int split = idle ? 0 : crew_split(pool, b->decode, &crew_pin, &decode_pin);
     int spares = b->flags & NB_FLAG_NO_SPARES ? 0 : split;
-    if (!idle && !split) return 0;
+    if (!idle && !split) {  /* the workers take prefill-size jobs again (a crew left from before stays idle) */
+        workers_realtime(pool, 0);
+        return 0;
+    }
     if (pool->crew_started) {
         if (pool->crew_idle == idle && pool->crew_split == split && pool->crew_spares == spares &&
             CPU_EQUAL(&decode_pin, &pool->decode_pin))
             return 0;  /* the crew this budget asks for runs already */
+        workers_realtime(pool, 0);  /* until the new crew runs, prefill-size jobs go to the workers */
         atomic_store(&pool->crew_quit, 1);
         crew_join(pool);
     }
@@ -117,5 +158,6 @@ int crew_start(Pool *pool) {
     pool->crew_error = 0;
     pool->crew_split = split, pool->crew_spares = spares;
     atomic_store(&pool->ncrew, n);  /* from now on, prefill jobs are listed for the crew */
+    workers_realtime(pool, 1);
     return 0;
 }

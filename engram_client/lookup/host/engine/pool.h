@@ -66,6 +66,12 @@ struct Pool {
     pthread_t *crew;               /* the crew, then its spares */
     cpu_set_t pin;                 /* where the workers (and the crew) run, if pinned */
     cpu_set_t decode_pin;          /* the decode CPUs among them, where the crew has spares */
+    /* The workers' scheduling while the crew takes every prefill-size job, so they gather decode-size
+     * jobs only (crew.c, workers_realtime): SCHED_FIFO at decode_rt_asked where the process may (0:
+     * never); decode_rt the priority they run at now (0: SCHED_OTHER), decode_rt_error the errno of
+     * the refusal that kept them from it. */
+    int decode_rt_asked, decode_rt_error;
+    atomic_int decode_rt;
     atomic_llong spin_until;       /* workers poll, awake, until then (pool_prewake) */
     int nthreads, started;
     long generation;               /* fork_generation when the workers started */

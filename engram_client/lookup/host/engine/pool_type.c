@@ -73,6 +73,12 @@ static PyObject *pool_get_prefill_crew(PoolObject *self, void *unused) {
     return Py_BuildValue("(ii)", pool ? atomic_load(&pool->ncrew) : 0, pool ? pool->crew_error : 0);
 }
 
+/* (SCHED_FIFO priority the workers run at, 0: SCHED_OTHER; errno of the refusal that kept them from it, or 0) */
+static PyObject *pool_get_decode_priority(PoolObject *self, void *unused) {
+    Pool *pool = self->pool;
+    return Py_BuildValue("(ii)", pool ? atomic_load(&pool->decode_rt) : 0, pool ? pool->decode_rt_error : 0);
+}
+
 static PyObject *pool_get_prefill_spares(PoolObject *self, void *unused) {
     Pool *pool = self->pool;
     PyObject *cpus = PyList_New(0);
@@ -100,13 +106,19 @@ static int nb_pool_options(PyObject *budget, PyObject *cpus, NodeBudget **out, c
 }
 
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"threads", "caller_gathers", "budget", "cpus", NULL};
-    int threads, caller_gathers = 1;
+    static char *names[] = {"threads", "caller_gathers", "budget", "cpus", "decode_priority", NULL};
+    int threads, caller_gathers = 1, decode_priority = 0;
     PyObject *budget = Py_None, *cpus = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|pOO", names, &threads, &caller_gathers, &budget, &cpus))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|pOOi", names, &threads, &caller_gathers, &budget, &cpus,
+                                     &decode_priority))
         return -1;
     if (threads < 1 || threads > 1024) {
         PyErr_Format(PyExc_ValueError, "gather_threads must be between 1 and 1024, got %d", threads);
+        return -1;
+    }
+    if (decode_priority < 0 || decode_priority > sched_get_priority_max(SCHED_FIFO)) {
+        PyErr_Format(PyExc_ValueError, "decode_priority must be 0 (SCHED_OTHER) or a SCHED_FIFO priority of 1 to %d, "
+                     "got %d", sched_get_priority_max(SCHED_FIFO), decode_priority);
         return -1;
     }
     cpu_set_t pin;  /* the workers' CPUs (the budget's, near the GPU): a hint, so a refusal is not an error */
@@ -126,7 +138,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwargs) {
     pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
     for (int l = 0; l < 2; l++) pthread_cond_init(&pool->lists[l].wake, &monotonic);
     pthread_condattr_destroy(&monotonic);
-    pool->threads_asked = threads, pool->pinned = pinned, pool->pin = pin;
+    pool->threads_asked = threads, pool->pinned = pinned, pool->pin = pin, pool->decode_rt_asked = decode_priority;
     pool->generation = atomic_load(&fork_generation);
     pool->pid = getpid();
     atomic_store(&pool->refs, 1);
@@ -276,6 +288,8 @@ static PyGetSetDef pool_getset[] = {
     {"budgeted", (getter)pool_get_budgeted, NULL, "whether it gathers on the node's budget", NULL},
     {"prefill_crew", (getter)pool_get_prefill_crew, NULL,
      "(threads, errno): the crew that gathers prefill-size jobs (at SCHED_IDLE, or off the decode CPUs), and why it did not start (0: it did or was not asked)", NULL},
+    {"decode_priority", (getter)pool_get_decode_priority, NULL,
+     "(priority, errno): the SCHED_FIFO priority the workers gather decode-size jobs at while a crew takes the prefill-size ones (0: SCHED_OTHER), and why they could not (0: they did or were not asked)", NULL},
     {"prefill_spares", (getter)pool_get_prefill_spares, NULL,
      "(threads, CPUs): the crew's spares at SCHED_IDLE on the decode CPUs, and the decode CPUs it keeps off (empty: none)", NULL},
     {NULL}};
@@ -285,8 +299,10 @@ PyTypeObject PoolType = {
     .tp_name = "engram_client.lookup.host._host_gather.GatherPool",
     .tp_basicsize = sizeof(PoolObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "GatherPool(threads, caller_gathers=True): persistent gather threads (with caller_gathers, the\n"
-              "caller counts as one of them; jobs started by stream signals want caller_gathers=False)",
+    .tp_doc = "GatherPool(threads, caller_gathers=True, budget=None, cpus=None, decode_priority=0): persistent\n"
+              "gather threads (with caller_gathers, the caller counts as one of them; jobs started by stream\n"
+              "signals want caller_gathers=False), on a node budget and pinned to cpus where given, the workers at\n"
+              "SCHED_FIFO decode_priority while a prefill crew runs (0: never)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)pool_init,
     .tp_dealloc = (destructor)pool_dealloc,
