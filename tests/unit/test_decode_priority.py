@@ -17,6 +17,7 @@ import pytest
 from engram_client.core import budget_file
 from engram_client.lookup.host import _host_gather
 from proc_stats import may_run_fifo
+from test_decode_cpus import open_budget
 from test_host_gather import gather, gather_threads
 
 ROWS, ROW_BYTES = 1 << 16, 264
@@ -26,14 +27,6 @@ pytestmark = pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs to keep one
 
 
 needs_fifo = pytest.mark.skipif(not may_run_fifo(), reason="this process may not run threads at SCHED_FIFO")
-
-
-def open_budget(tokens: int, decode: int = 0, flags: int = 0):
-    fd = budget_file.create([tokens], decode=[decode], flags=flags)
-    try:
-        return _host_gather.NodeBudget(fd, 0, tokens, budget_file.MAX_SLOTS)
-    finally:
-        os.close(fd)
 
 
 def worker_policies(before: set[int]) -> set[int]:
