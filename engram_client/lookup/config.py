@@ -117,6 +117,10 @@ class LookupConfig:
                              "decode_path='host'")
         if self.decode_priority not in DECODE_PRIORITIES:
             raise ValueError(f"decode_priority must be one of {', '.join(DECODE_PRIORITIES)}, got {self.decode_priority!r}")
+        if self.decode_priority == "fifo" and "uva" in (self.path, self.decode_path):
+            raise ValueError("decode_priority 'fifo' is the host path's decode workers' priority; with "
+                             f"{'lookup_path' if self.path == 'uva' else 'decode_path'} 'uva' no worker gathers a "
+                             "decode-size call")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"lookup strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.max_programs is not None and (not isinstance(self.max_programs, int) or self.max_programs < 1):

@@ -44,3 +44,6 @@ def test_the_client_option_is_normal_by_default_and_refuses_other_words():
     assert LookupConfig().decode_priority == "normal" and LookupConfig(decode_priority="fifo").decode_priority == "fifo"
     with pytest.raises(ValueError, match="decode_priority must be one of normal, fifo, got 'high'"):
         LookupConfig(decode_priority="high")
+    for uva in ({"path": "uva"}, {"decode_path": "uva"}):  # no host worker gathers a decode-size call there
+        with pytest.raises(ValueError, match="no worker gathers a decode-size call"):
+            LookupConfig(decode_priority="fifo", **uva)

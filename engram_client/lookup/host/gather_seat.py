@@ -30,7 +30,7 @@ from ...core.numa_nodes import cpu_rank_node, sysfs_root
 log = logging.getLogger("engram_client")
 MAX_BUDGET_THREADS = 64  # threads beyond this only wait for tokens: a rank never needs more in flight
 # The workers' SCHED_FIFO priority for decode_priority="fifo": the lowest, above every thread of normal
-# priority and below every real-time thread the system has (its interrupt threads run at 50).
+# priority and below the kernel's threaded interrupt handlers (50).
 DECODE_FIFO_PRIORITY = 1
 
 

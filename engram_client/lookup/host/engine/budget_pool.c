@@ -248,8 +248,8 @@ static void budget_wait_chunk(Job *job, int64_t chunk) {
  * of every rank in it.  Every one counts, the one-block jobs a caller gathers alone included, but
  * those of a pool whose workers run at SCHED_FIFO (crew.c): they take a spare's CPU the moment
  * they wake, so the spares need not stand aside for them, and the prefilling ranks keep the decode
- * CPUs while such ranks decode (quiet spares stood aside for whole decode phases, and the neighbours
- * lost 0.71-0.86x of their rate to it: docs/history/benchmarks-2026-12.md). */
+ * CPUs while such ranks decode (quiet spares stood aside for whole decode phases, the neighbours
+ * keeping 0.71-0.94x of their rate meanwhile: docs/history/benchmarks-2026-12.md). */
 static void job_starting(Pool *pool, const Job *job) {
     NodeBudget *b = atomic_load(&pool->budget);
     if (b != NULL && nb_usable(b) && job->n <= b->small_rows && !atomic_load(&pool->decode_rt))
