@@ -55,6 +55,8 @@ moved.budget = budget(1)
 pool.set_budget(moved.budget)
 moved._say_prefill_crew()  # as move_seat does
 out["after_move"] = [pool.decode_priority, workers(), moved.explanation]
+pool.set_budget(budget(0))  # and on to one without decode CPUs again: nothing asked, no refusal left to report
+out["moved_back"] = pool.decode_priority
 pool.close()
 print(json.dumps(out))
 """
@@ -91,6 +93,7 @@ def test_another_user_without_a_real_time_limit_is_refused_and_told_how_to_allow
     (priority, policies, words) = result["after_move"]
     assert priority == [0, errno.EPERM] and set(policies) == {os.SCHED_OTHER}, result
     assert "may not run threads at SCHED_FIFO (Operation not permitted)" in words, result
+    assert result["moved_back"] == [0, 0], result
 
 
 @pytest.mark.parametrize("grant", [{"limit": "1:1"}, {"capability": "sys_nice"}], ids=["rtprio-limit", "cap-sys-nice"])

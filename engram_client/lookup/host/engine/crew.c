@@ -84,6 +84,7 @@ static int crew_split(const Pool *pool, int decode, cpu_set_t *crew, cpu_set_t *
 static void workers_realtime(Pool *pool, int on) {
     int prio = on ? pool->decode_rt_asked : 0;
     pthread_mutex_lock(&pool->lock);
+    if (!on) pool->decode_rt_error = 0;  /* nothing asked of the kernel on this budget: no refusal to report */
     if (!atomic_load(&pool->stop) && prio != atomic_load(&pool->decode_rt)) {
         struct sched_param param = {.sched_priority = prio}, normal = {0};
         int err = 0, moved = 0;
