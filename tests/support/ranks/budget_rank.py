@@ -3,9 +3,10 @@
     python tests/support/ranks/budget_rank.py ENDPOINT ROWS CALLS THREADS SEED [DEVICE [DECODE_PRIORITY]]
 
 ROWS ids per call (uniform over layer 1, fresh each call; up to 8,192 of them checked), CALLS calls (0: until "stop" on
-stdin), THREADS gather_threads (0: leave it to the budget), DECODE_PRIORITY the client's decode_priority (normal).  stdout: one JSON line once
-attached ({"slot", "pid", "words"}), one at the end ({"calls", "exact", "mismatch", "stats",
-"errors"}); the checks use the demo table's own rows (engram_client.core.demo_rows).
+stdin), THREADS gather_threads (0: leave it to the budget), DECODE_PRIORITY the client's decode_priority
+(normal).  stdout: one JSON line once attached ({"slot", "pid", "decode_priority", "words", "threads"}), one
+at the end ({"calls", "exact", "mismatch", "stats", "errors"}); the checks use the demo table's own rows
+(engram_client.core.demo_rows).
 """
 from __future__ import annotations
 
